@@ -1,0 +1,35 @@
+# Every target sets itself up: `make demo` and `make test` work on a fresh machine.
+SHELL := /bin/bash
+VENV ?= .venv
+ACT := source $(VENV)/bin/activate
+
+.PHONY: install demo test check-sync nbtest pytest docs clean
+
+$(VENV)/.installed: setup.py settings.ini
+	python3 -m venv $(VENV)
+	# torch first and pinned: the CPU wheel; an unpinned torch would pull a multi-GB CUDA build
+	$(ACT) && pip install -q torch==2.13.0 && pip install -q -e ".[dev]"
+	touch $@
+
+install: $(VENV)/.installed
+
+demo: install
+	$(ACT) && qwen3vl-l50 demo
+
+check-sync: install   # the notebooks are the source: exporting and cleaning them must change nothing
+	$(ACT) && nbdev_export && nbdev_clean
+	@git diff --exit-code --stat -- qwen3vl_l50_nbdev nbs || { echo "notebooks and qwen3vl_l50_nbdev/ are out of sync or not clean: run nbdev_export && nbdev_clean"; exit 1; }
+
+nbtest: install
+	$(ACT) && nbdev_test --n_workers 2 --timing
+
+pytest: install
+	@$(ACT) && { pytest -q tests; rc=$$?; \
+	  if [ $$rc -eq 5 ]; then \
+	    if ls tests/test_*.py >/dev/null 2>&1; then echo "pytest collected no tests but tests/ has test files"; exit 1; \
+	    else echo "no tests in tests/"; exit 0; fi; fi; exit $$rc; }
+
+test: check-sync nbtest pytest
+
+clean:
+	rm -rf $(VENV) docs/_site _proc
