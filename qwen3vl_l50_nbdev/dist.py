@@ -5,13 +5,13 @@
 # %% auto #0
 __all__ = ['Group', 'encoder_group', 'RemoteTraceback', 'spawn']
 
-# %% ../nbs/01_dist.ipynb #19203f28
+# %% ../nbs/01_dist.ipynb #30c3edce
 import os, io, sys, time, socket, tempfile, traceback, datetime, multiprocessing as mp
 from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-# %% ../nbs/01_dist.ipynb #63a56cc3
+# %% ../nbs/01_dist.ipynb #bad6b4ec
 @dataclass(frozen=True)
 class Group:
     "A tensor-parallel group: member ranks of the world, this process's place in it, and collectives."
@@ -38,7 +38,7 @@ class Group:
             raise RuntimeError(f"rank {self.global_rank} is not a member of the encoder group {list(self.ranks)}: "
                                f"only member ranks may call {op}")
 
-# %% ../nbs/01_dist.ipynb #eb684f97
+# %% ../nbs/01_dist.ipynb #f40b337a
 def _all_reduce(self: Group, x: torch.Tensor, dtype: torch.dtype | None = None) -> torch.Tensor:
     "Sum `x` over the group, accumulating in `dtype` (default `x.dtype`); returns a new tensor in `x.dtype`."
     self._check("all_reduce")
@@ -59,7 +59,7 @@ def _barrier(self: Group):
 
 Group.all_reduce, Group.broadcast, Group.barrier = _all_reduce, _broadcast, _barrier
 
-# %% ../nbs/01_dist.ipynb #bea22313
+# %% ../nbs/01_dist.ipynb #36896167
 def encoder_group(tp: int | None = None, tiled: bool = False) -> Group:
     "The encoder group over the initialised world: the first `tp` ranks, or contiguous tiles of `tp` (call on every rank)."
     if not (dist.is_available() and dist.is_initialized()):
@@ -78,7 +78,7 @@ def encoder_group(tp: int | None = None, tiled: bool = False) -> Group:
         if me in ranks: mine = Group(pg, ranks, me)
     return mine or Group(None, tiles[0], me)
 
-# %% ../nbs/01_dist.ipynb #151192aa
+# %% ../nbs/01_dist.ipynb #8e50b454
 class RemoteTraceback(Exception):
     "The traceback of an exception raised on another rank (shown as the cause)."
     def __str__(self): return self.args[0]
@@ -97,7 +97,7 @@ def _worker(fn, rank, world, store, args, q, threads):
     finally:
         if dist.is_initialized(): dist.destroy_process_group()
 
-# %% ../nbs/01_dist.ipynb #831fc444
+# %% ../nbs/01_dist.ipynb #6e01af3e
 def _died(procs, results) -> RuntimeError | None:
     "A 'rank died' error for the first rank that exited abnormally without a result (a signal, `os._exit`)."
     dead = [(r, p.exitcode) for r, p in enumerate(procs) if p.exitcode not in (None, 0) and r not in results]

@@ -5,11 +5,11 @@
 # %% auto #0
 __all__ = ['diff_row', 'diff_table']
 
-# %% ../nbs/00a_metrics.ipynb #85926a94
+# %% ../nbs/00a_metrics.ipynb #1e6d9f41
 import torch
 import pandas as pd
 
-# %% ../nbs/00a_metrics.ipynb #5c405461
+# %% ../nbs/00a_metrics.ipynb #394f4a71
 def diff_row(x: torch.Tensor, ref: torch.Tensor) -> dict:
     "max |x-ref|, relative L2 and cosine (float64), and whether `x` and `ref` are bitwise equal."
     if x.shape != ref.shape: raise ValueError(f"shape mismatch: {tuple(x.shape)} vs reference {tuple(ref.shape)}")

@@ -5,13 +5,13 @@
 # %% auto #0
 __all__ = ['REDUCE_MODES', 'divide', 'shard', 'VocabParallelEmbedding', 'ColumnParallelLinear', 'RowParallelLinear']
 
-# %% ../nbs/02_tp.ipynb #e518cb52
+# %% ../nbs/02_tp.ipynb #7a85e777
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 from .dist import Group
 
-# %% ../nbs/02_tp.ipynb #e9f18ae1
+# %% ../nbs/02_tp.ipynb #9ec5620f
 def divide(n: int, d: int, what: str = "size") -> int:
     "`n // d`, or a `ValueError` naming `what` when `d` does not divide `n`."
     if d < 1 or n % d:
@@ -25,7 +25,7 @@ def shard(t: torch.Tensor, dim: int, rank: int, world: int, splits: list[int] | 
     pieces = [p.narrow(dim, rank * (n := divide(p.shape[dim], world, f"dim {dim} of size")), n) for p in parts]
     return pieces[0] if len(pieces) == 1 else torch.cat(pieces, dim)
 
-# %% ../nbs/02_tp.ipynb #e79c7efc
+# %% ../nbs/02_tp.ipynb #b9484ad4
 class VocabParallelEmbedding(nn.Module):
     "Embedding table split by rows (vocabulary) over the group; output replicated."
     def __init__(self, num_embeddings: int, dim: int, group: Group | None = None, dtype=torch.bfloat16, device=None):
@@ -42,7 +42,7 @@ class VocabParallelEmbedding(nn.Module):
         out = F.embedding(local.masked_fill(outside, 0), self.weight).masked_fill(outside[..., None], 0)
         return self.group.all_reduce(out)
 
-# %% ../nbs/02_tp.ipynb #a54db8fd
+# %% ../nbs/02_tp.ipynb #a7a5d4fe
 class ColumnParallelLinear(nn.Module):
     "A linear whose output features (one or more logical `splits`) are sharded over the group."
     def __init__(self, in_features: int, splits: list[int], group: Group | None = None, bias: bool = False,
@@ -64,7 +64,7 @@ class ColumnParallelLinear(nn.Module):
         off = sum(self.local_splits[:i])
         self.weight.data[off:off + self.local_splits[i]].copy_(shard(full_weight, 0, self.group.rank, self.group.size))
 
-# %% ../nbs/02_tp.ipynb #008d4f6e
+# %% ../nbs/02_tp.ipynb #a245db35
 REDUCE_MODES = ("bf16", "fp32", "fp32-partials")
 
 class RowParallelLinear(nn.Module):
@@ -90,7 +90,7 @@ class RowParallelLinear(nn.Module):
         "Copy this rank's columns from the full (unsharded) weight."
         self.weight.data.copy_(shard(full_weight, 1, self.group.rank, self.group.size))
 
-# %% ../nbs/02_tp.ipynb #a4dac1a0
+# %% ../nbs/02_tp.ipynb #dbce95b0
 def _check_primitives(seed: int = 0) -> dict:
     "On each rank of an initialised world: the TP layers against unsharded references; returns max |diff| per check."
     g = encoder_group()
@@ -113,7 +113,7 @@ def _check_primitives(seed: int = 0) -> dict:
         out[mode] = ((row(shard(h, 1, g.rank, g.size)).double() - ref).norm() / ref.norm()).item()
     return out
 
-# %% ../nbs/02_tp.ipynb #d232bcf4
+# %% ../nbs/02_tp.ipynb #5ac9a5e6
 def _reduce_error(K: int = 8192, N: int = 512, S: int = 64, outliers: int = 8, scale: float = 100.0, seed: int = 0) -> dict:
     "Relative L2 error of each reduce mode for a [S,K]x[K,N] row-parallel GEMM with `outliers` channels `scale`x the rest."
     g = encoder_group()

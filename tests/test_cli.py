@@ -1,0 +1,121 @@
+"The qwen3vl-l50 command end to end: torchrun tp 1, 2, 4 on inputs with images and videos, bad inputs, a killed worker."
+import os, sys, time, signal, subprocess
+import pytest, torch
+from safetensors.torch import save_file, load_file
+from qwen3vl_l50_nbdev.cli import main
+from qwen3vl_l50_nbdev.config import tiny, EncoderConfig
+from qwen3vl_l50_nbdev.encoder import synthetic_inputs, hf_reference
+from qwen3vl_l50_nbdev.loading import make_tiny_checkpoint
+
+ENV = os.environ | {"OMP_NUM_THREADS": "1"}
+
+
+def torchrun(n, *args, **kw):
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={n}", "-m", "qwen3vl_l50_nbdev.cli", *args]
+    return subprocess.run(cmd, env=ENV, capture_output=True, text=True, timeout=300, **kw)
+
+
+@pytest.fixture(scope="module")
+def ckpt(tmp_path_factory):
+    d = tmp_path_factory.mktemp("tiny")
+    assert main(["make-tiny", str(d), "--max-shard-size", "100KB"]) == 0
+    return d
+
+
+@pytest.fixture(scope="module")
+def inputs(ckpt, tmp_path_factory):
+    cfg = EncoderConfig.from_hf(ckpt, 3)
+    x = synthetic_inputs(cfg, images=((1, 4, 6), (1, 2, 4)), videos=((2, 4, 4),), seed=3)
+    f = tmp_path_factory.mktemp("in") / "in.safetensors"
+    save_file(x, f)
+    return f, x
+
+
+@pytest.mark.parametrize("tp", [1, 2, 4])
+def test_encode_under_torchrun(tp, ckpt, inputs, tmp_path):
+    f, x = inputs
+    out = tmp_path / "out.safetensors"
+    r = torchrun(tp, "encode", "--model", str(ckpt), "--inputs", str(f), "--out", str(out), "--layer", "3")
+    assert r.returncode == 0, r.stderr[-3000:]
+    h = load_file(out)["hidden_states"]
+    assert h.shape == (len(x["input_ids"]), 64) and h.dtype == torch.bfloat16
+    hf16 = hf_reference(ckpt, x, 3, torch.bfloat16)
+    if tp == 1:
+        assert torch.equal(h, hf16)
+    else:   # the contract: no worse than 1.25x HF bf16's own error against fp32
+        ref = hf_reference(ckpt, x, 3, torch.float32).double()
+        rel = lambda y: ((y.double() - ref).norm() / ref.norm()).item()
+        assert rel(h) <= 1.25 * rel(hf16)
+
+
+def test_check_under_torchrun(ckpt, inputs):
+    r = torchrun(2, "check", "--model", str(ckpt), "--inputs", str(inputs[0]), "--layer", "3", "--reduce", "bf16")
+    assert r.returncode == 0 and "PASS tp=2" in r.stdout, r.stdout + r.stderr[-2000:]
+
+
+@pytest.mark.parametrize("change,msg", [
+    (dict(input_ids=lambda x: x["input_ids"][None]), "must be a 1-D tensor"),
+    (dict(input_ids=lambda x: x["input_ids"].float()), "must be integer"),
+    (dict(input_ids=lambda x: torch.cat([x["input_ids"], torch.tensor([5000])])), "must be in [0, 1024)"),
+    (dict(pixel_values=lambda x: x["pixel_values"][:-2]), "has 30 rows but image_grid_thw"),
+    (dict(pixel_values=lambda x: x["pixel_values"][:, :90]), "must be [patches, 96]"),
+    (dict(video_grid_thw=lambda x: torch.tensor([[2, 4, 3]])), "multiples of the spatial merge size 2"),
+    (dict(image_grid_thw=None), "must be given together"),
+    (dict(input_ids=lambda x: x["input_ids"][x["input_ids"] != 1000]), "input_ids has 0 image tokens"),
+])
+def test_bad_inputs(change, msg, ckpt, inputs, tmp_path, capsys):
+    x = dict(inputs[1])
+    for k, fn in change.items():
+        if fn is None: x.pop(k)
+        else: x[k] = fn(x)
+    f = tmp_path / "bad.safetensors"
+    save_file({k: v.contiguous() for k, v in x.items()}, f)
+    assert main(["encode", "--model", str(ckpt), "--inputs", str(f), "--out", str(tmp_path / "o.safetensors"), "--layer", "3"]) == 2
+    assert msg in capsys.readouterr().err
+
+
+def test_bad_layer_and_model(ckpt, inputs, tmp_path, capsys):
+    args = ["encode", "--inputs", str(inputs[0]), "--out", str(tmp_path / "o.safetensors")]
+    assert main(args + ["--model", str(ckpt)]) == 2   # default layer 50 > 4 layers
+    assert "selected_layer=50 but the text model has 4 decoder layers: choose 1..4" in capsys.readouterr().err
+    assert main(args + ["--model", str(tmp_path / "nope"), "--layer", "3"]) == 2
+    assert "no config.json" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("cmd", ["make-tiny", "encode", "check", "demo"])
+def test_help(cmd):
+    r = subprocess.run([sys.executable, "-m", "qwen3vl_l50_nbdev.cli", cmd, "--help"], capture_output=True, text=True, env=ENV)
+    assert r.returncode == 0 and "usage: qwen3vl-l50 " + cmd in r.stdout
+
+
+def _workers(parent: int) -> list[int]:
+    "Children of `parent` (torchrun's agent spawns the workers directly)."
+    kids = []
+    for p in os.listdir("/proc"):
+        if p.isdigit():
+            try:
+                stat = open(f"/proc/{p}/stat").read().rsplit(")", 1)[1].split()
+                if int(stat[1]) == parent: kids.append(int(p))
+            except OSError: pass
+    return kids
+
+
+def test_killed_worker_ends_the_job(ckpt, tmp_path):
+    cfg = EncoderConfig.from_hf(ckpt, 3)
+    long = synthetic_inputs(cfg, text_len=6000, seed=5)   # long enough that the job is still running when killed
+    f = tmp_path / "long.safetensors"
+    save_file(long, f)
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "-m", "qwen3vl_l50_nbdev.cli",
+           "encode", "--model", str(ckpt), "--inputs", str(f), "--out", str(tmp_path / "o.safetensors"), "--layer", "3"]
+    p = subprocess.Popen(cmd, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    t0 = time.monotonic()
+    while len(kids := _workers(p.pid)) < 2 and time.monotonic() - t0 < 60: time.sleep(0.2)
+    assert len(kids) == 2, "torchrun did not start two workers"
+    time.sleep(3)
+    assert p.poll() is None, "the job finished before the worker could be killed: make the input longer"
+    os.kill(max(kids), signal.SIGKILL)
+    t1 = time.monotonic()
+    try: rc = p.wait(timeout=120)
+    except subprocess.TimeoutExpired:
+        p.kill(); pytest.fail("the job did not end within 120 s of a worker being killed")
+    assert rc != 0 and time.monotonic() - t1 < 120
