@@ -3,7 +3,7 @@ SHELL := /bin/bash
 VENV ?= .venv
 ACT := source $(VENV)/bin/activate
 
-.PHONY: install demo test check-sync nbtest pytest docs clean
+.PHONY: install demo test check-sync readme nbtest pytest docs clean
 
 $(VENV)/.installed: setup.py settings.ini
 	python3 -m venv $(VENV)
@@ -13,12 +13,22 @@ $(VENV)/.installed: setup.py settings.ini
 
 install: $(VENV)/.installed
 
+$(VENV)/.docs-installed: $(VENV)/.installed docs/requirements.txt
+	$(ACT) && pip install -q -r docs/requirements.txt
+	touch $@
+
+docs: $(VENV)/.docs-installed   # the site, offline, from the notebooks' stored outputs: open docs/_site/index.html
+	$(ACT) && python docs/build.py && python docs/check.py
+
 demo: install
 	$(ACT) && qwen3vl-l50 demo
 
-check-sync: install   # the notebooks are the source: exporting and cleaning them must change nothing
-	$(ACT) && nbdev_export && nbdev_clean
-	@git diff --exit-code --stat -- qwen3vl_l50_nbdev nbs || { echo "notebooks and qwen3vl_l50_nbdev/ are out of sync or not clean: run nbdev_export && nbdev_clean"; exit 1; }
+readme:   # README.md from nbs/index.ipynb
+	python3 docs/readme.py
+
+check-sync: install   # the notebooks are the source: exporting, cleaning and the README must change nothing
+	$(ACT) && nbdev_export && nbdev_clean && python docs/readme.py
+	@test -z "$$(git status --porcelain -- qwen3vl_l50_nbdev nbs README.md)" || { git status --short -- qwen3vl_l50_nbdev nbs README.md; echo "notebooks, qwen3vl_l50_nbdev/ and README.md are out of sync or not clean: run nbdev_export && nbdev_clean && make readme"; exit 1; }
 
 nbtest: install
 	$(ACT) && nbdev_test --n_workers 2 --timing
@@ -29,7 +39,7 @@ pytest: install
 	    if ls tests/test_*.py >/dev/null 2>&1; then echo "pytest collected no tests but tests/ has test files"; exit 1; \
 	    else echo "no tests in tests/"; exit 0; fi; fi; exit $$rc; }
 
-test: check-sync nbtest pytest
+test: check-sync nbtest docs pytest
 
 clean:
-	rm -rf $(VENV) docs/_site _proc
+	rm -rf $(VENV) docs/_site docs/_build _proc

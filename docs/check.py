@@ -1,0 +1,126 @@
+"""Check a built docs site: every notebook has a page, internal links resolve, every exported name is documented.
+
+    python docs/check.py [docs/_site]      # prints the problems; exit 1 if any
+
+tests/test_docs.py runs the same checks under pytest.
+"""
+import importlib, inspect, json, re, sys
+from html.parser import HTMLParser
+from pathlib import Path
+from urllib.parse import unquote, urlsplit
+
+DOCS = Path(__file__).resolve().parent
+sys.path.insert(0, str(DOCS))
+import build  # noqa: E402  (docs/build.py: notebook discovery, page names, exported names)
+
+
+class Page(HTMLParser):
+    "The ids, links, headings and text of one HTML page."
+    def __init__(self, path):
+        super().__init__(convert_charrefs=True)
+        self.ids, self.links, self.text, self.h1, self._tags = set(), [], [], "", []
+        self.feed(Path(path).read_text(encoding="utf-8"))
+
+    def handle_starttag(self, tag, attrs):
+        a = dict(attrs)
+        for k in ("id", "name") if tag == "a" else ("id",):
+            if a.get(k): self.ids.add(a[k])
+        for k in ("href", "src"):
+            if a.get(k) is not None and tag in ("a", "link", "img", "script", "source", "iframe"): self.links.append(a[k])
+        self._tags.append(tag)
+
+    def handle_endtag(self, tag):
+        if tag in self._tags: del self._tags[len(self._tags) - 1 - self._tags[::-1].index(tag):]
+
+    def handle_data(self, data):
+        if "script" in self._tags or "style" in self._tags: return
+        self.text.append(data)
+        if "h1" in self._tags: self.h1 += data
+
+
+def _pages(site):
+    return {p.relative_to(site).as_posix(): Page(p) for p in sorted(site.rglob("*.html")) if "_static" not in p.parts}
+
+
+def missing_pages(site, pages=None):
+    "Notebooks with no page, or whose page lacks the notebook's title."
+    pages = pages if pages is not None else _pages(site)
+    probs = []
+    for nb in build.notebooks():
+        page = build.page_of(nb)
+        if page not in pages: probs.append(f"{nb.name}: no page {page}"); continue
+        cells = json.loads(nb.read_text())["cells"]
+        first = next(("".join(c["source"]) for c in cells if c["cell_type"] == "markdown"), "")
+        m = re.search(r"^#\s+(\S.*?)\s*$", first, re.MULTILINE)
+        if m and _norm(m.group(1)) not in _norm(pages[page].h1):
+            probs.append(f"{nb.name}: {page} has title {pages[page].h1.strip()!r}, not {m.group(1)!r}")
+    return probs
+
+
+def broken_links(site, pages=None):
+    "Links (href, src) from one page of the site to a file or an anchor of the site that is not there."
+    pages = pages if pages is not None else _pages(site)
+    probs = []
+    for name, page in pages.items():
+        for link in page.links:
+            u = urlsplit(link)
+            if u.scheme or link.startswith("//") or not (u.path or u.fragment): continue
+            target = (site / name).parent / unquote(u.path) if u.path else site / name
+            target = target.resolve()
+            if not target.is_relative_to(site.resolve()):
+                probs.append(f"{name}: {link} leaves the site"); continue
+            if target.is_dir(): target = target / "index.html"
+            if not target.exists(): probs.append(f"{name}: {link} -> no file"); continue
+            if u.fragment and target.suffix == ".html":
+                tp = pages.get(target.relative_to(site.resolve()).as_posix())
+                if tp is not None and unquote(u.fragment) not in tp.ids: probs.append(f"{name}: {link} -> no anchor")
+    return probs
+
+
+def undocumented(site, pages=None):
+    """Exported names (each module's `__all__`) missing from the site: a function or class needs its show_doc anchor on
+    its notebook's page, where _modidx.py (and so every nbdev doc link) points; any name needs an entry in api.html; and
+    Sphinx's search index must know the page of each."""
+    pages = pages if pages is not None else _pages(site)
+    probs, api = [], pages.get("api.html")
+    if api is None: return ["api.html missing"]
+    titles = search_titles(site)
+    for mod, (page, names) in build.exported().items():
+        m = importlib.import_module(mod)
+        short = mod.rsplit(".", 1)[-1]
+        if page not in pages: probs.append(f"{mod}: no page {page}"); continue
+        for n, url in names:
+            obj = getattr(m, n, None)
+            path, _, frag = url.partition("#")
+            if (inspect.isclass(obj) or inspect.isfunction(obj)) and frag not in pages.get(path, api).ids:
+                probs.append(f"{mod}.{n}: no show_doc on {page} (no anchor #{frag})")
+            elif n not in "".join(pages[page].text) and n not in "".join(api.text):
+                probs.append(f"{mod}.{n}: name appears neither on {page} nor in api.html")
+            if f"{short}.{n}" not in api.ids: probs.append(f"{mod}.{n}: no entry in api.html")
+            if (inspect.isclass(obj) or inspect.isfunction(obj)) and n not in titles:
+                probs.append(f"{mod}.{n}: not a title in the search index")
+    return probs
+
+
+def _norm(s): return re.sub(r"\s+", " ", re.sub(r"[`*¶#]", "", s)).strip()
+
+def search_titles(site):
+    "The section titles in Sphinx's search index (searchindex.js), which the search page matches queries against."
+    s = (Path(site) / "searchindex.js").read_text(encoding="utf-8")
+    return set(json.loads(s[s.index("(") + 1:s.rindex(")")])["alltitles"])
+
+
+def check(site=build.SITE):
+    site = Path(site)
+    if not (site / "index.html").exists(): return [f"{site}/index.html missing: run `make docs`"]
+    pages = _pages(site)
+    return missing_pages(site, pages) + broken_links(site, pages) + undocumented(site, pages)
+
+
+if __name__ == "__main__":
+    site = Path(sys.argv[1]) if len(sys.argv) > 1 else build.SITE
+    probs = check(site)
+    for p in probs: print(p)
+    n = len(list(site.rglob("*.html")))
+    print(f"docs check: {n} pages, {len(probs)} problems")
+    sys.exit(1 if probs else 0)
