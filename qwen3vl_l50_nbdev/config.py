@@ -5,13 +5,13 @@
 # %% auto #0
 __all__ = ['TextConfig', 'VisionConfig', 'EncoderConfig', 'tp_sizes', 'qwen3vl_32b', 'tiny', 'param_counts', 'bytes_per_rank']
 
-# %% ../nbs/00_config.ipynb #0317870f
+# %% ../nbs/00_config.ipynb #90bbdfcd
 import json, dataclasses
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 import torch
 
-# %% ../nbs/00_config.ipynb #68c2c73c
+# %% ../nbs/00_config.ipynb #0e393e86
 @dataclass(frozen=True)
 class TextConfig:
     "The Qwen3-VL text decoder (the part that is tensor-parallel)."
@@ -41,7 +41,7 @@ class TextConfig:
         return cls(**kw, rope_theta=float(theta), mrope_section=tuple(rope.get("mrope_section", (24, 20, 20))),
                    mrope_interleaved=bool(rope.get("mrope_interleaved", True)))
 
-# %% ../nbs/00_config.ipynb #2dff7907
+# %% ../nbs/00_config.ipynb #faf0ed56
 @dataclass(frozen=True)
 class VisionConfig:
     "The Qwen3-VL vision tower (replicated on every rank)."
@@ -74,7 +74,7 @@ class VisionConfig:
         theta = (d.get("rope_parameters") or {}).get("rope_theta", d.get("rope_theta", 10000.0))
         return cls(**kw, rope_theta=float(theta))
 
-# %% ../nbs/00_config.ipynb #69142ff9
+# %% ../nbs/00_config.ipynb #8fc5f466
 def _hf_dict(src) -> dict:
     "A plain dict from a checkpoint dir, a config.json path, a dict, or a `transformers` config."
     if isinstance(src, dict): return src
@@ -85,7 +85,7 @@ def _hf_dict(src) -> dict:
         return json.loads(p.read_text())
     return src.to_dict()
 
-# %% ../nbs/00_config.ipynb #de53139f
+# %% ../nbs/00_config.ipynb #38c78fea
 @dataclass(frozen=True)
 class EncoderConfig:
     "Everything the layer-N encoder needs: text, vision, token ids and the selected layer."
@@ -123,13 +123,13 @@ class EncoderConfig:
                              video_token_id=self.video_token_id, vision_start_token_id=self.vision_start_token_id,
                              vision_end_token_id=self.vision_end_token_id)
 
-# %% ../nbs/00_config.ipynb #9165d436
+# %% ../nbs/00_config.ipynb #325491be
 def tp_sizes(t: TextConfig, upto: int = 64) -> list[int]:
     "Tensor-parallel sizes (up to `upto`) that divide every sharded dimension of `t`."
     dims = (t.num_attention_heads, t.num_key_value_heads, t.vocab_size, t.intermediate_size)
     return [n for n in range(1, upto + 1) if all(d % n == 0 for d in dims)]
 
-# %% ../nbs/00_config.ipynb #c704c4e7
+# %% ../nbs/00_config.ipynb #4430b59a
 def _validate(self: EncoderConfig, tp: int = 1) -> EncoderConfig:
     "Check the config (and a TP size); raise `ValueError` saying what to change. Returns `self`."
     t, v = self.text, self.vision
@@ -152,7 +152,7 @@ def _validate(self: EncoderConfig, tp: int = 1) -> EncoderConfig:
     return self
 EncoderConfig.validate = _validate
 
-# %% ../nbs/00_config.ipynb #c198d085
+# %% ../nbs/00_config.ipynb #3d70a066
 def qwen3vl_32b(selected_layer: int = 50) -> EncoderConfig:
     "Qwen3-VL-32B dimensions (text 5120 x 64 layers, vision 1152 x 27), cut at `selected_layer`."
     return EncoderConfig(TextConfig(), VisionConfig(), selected_layer).validate()
@@ -167,7 +167,7 @@ def tiny(selected_layer: int = 3, text: dict | None = None, vision: dict | None 
     ids = dict(image_token_id=1000, video_token_id=1001, vision_start_token_id=1002, vision_end_token_id=1003) | kw
     return EncoderConfig(t, v, selected_layer, **ids).validate()
 
-# %% ../nbs/00_config.ipynb #51f7fcc2
+# %% ../nbs/00_config.ipynb #b6d60161
 def _linear(i, o, bias=True): return i * o + (o if bias else 0)
 
 def param_counts(cfg: EncoderConfig, tp: int = 1) -> dict:

@@ -6,7 +6,7 @@
 __all__ = ['NAME_MAP', 'SHARDING', 'map_name', 'source_name', 'make_tiny_checkpoint', 'hf_shapes', 'Entry', 'check_checkpoint',
            'Sharded', 'load_checkpoint', 'unshard']
 
-# %% ../nbs/07_loading.ipynb #dc4c48a4
+# %% ../nbs/07_loading.ipynb #a38133b5
 import json, re
 from collections import defaultdict
 from functools import lru_cache
@@ -17,10 +17,9 @@ import torch.nn as nn
 from safetensors import safe_open, SafetensorError
 from tqdm import tqdm
 from . import tp
-from .tp import shard
 from .config import EncoderConfig
 
-# %% ../nbs/07_loading.ipynb #e7a33631
+# %% ../nbs/07_loading.ipynb #16cb75c6
 NAME_MAP = [  # (checkpoint name, our parameter or None to skip, split of the fused parameter)
     ("lm_head.{rest}",                                          None,                                        None),
     ("model.language_model.norm.{rest}",                        None,                                        None),
@@ -34,7 +33,7 @@ NAME_MAP = [  # (checkpoint name, our parameter or None to skip, split of the fu
     ("model.visual.{rest}",                                     "vision.{rest}",                             None),
 ]
 
-# %% ../nbs/07_loading.ipynb #7975ab06
+# %% ../nbs/07_loading.ipynb #5e9bec8b
 @lru_cache(None)
 def _regex(template: str) -> re.Pattern:
     "`{i}` matches a layer number, any other `{name}` a dotted remainder; the rest is literal."
@@ -55,7 +54,7 @@ def source_name(param: str, split: int | None = None) -> str | None:
     for src, dst, s in NAME_MAP:
         if dst is not None and s == split and (m := _regex(dst).fullmatch(param)): return src.format(**m.groupdict())
 
-# %% ../nbs/07_loading.ipynb #b14cb650
+# %% ../nbs/07_loading.ipynb #7fe8e664
 def make_tiny_checkpoint(dir, config: EncoderConfig, seed: int = 0, max_shard_size: int | str | None = None,
                          dtype: torch.dtype = torch.bfloat16) -> Path:
     "Write a random HF-format Qwen3-VL checkpoint for `config` (all its text layers) to `dir`, sharded at `max_shard_size`."
@@ -72,7 +71,7 @@ def make_tiny_checkpoint(dir, config: EncoderConfig, seed: int = 0, max_shard_si
         if bar: logging.enable_progress_bar()
     return Path(dir)
 
-# %% ../nbs/07_loading.ipynb #1861459e
+# %% ../nbs/07_loading.ipynb #8f54cec9
 @lru_cache(8)
 def hf_shapes(cfg: EncoderConfig) -> dict[str, tuple]:
     "Every checkpoint tensor's shape for `cfg` with the text cut at `selected_layer`: an HF model on the meta device."
@@ -82,7 +81,7 @@ def hf_shapes(cfg: EncoderConfig) -> dict[str, tuple]:
     with torch.device("meta"): model = Qwen3VLForConditionalGeneration(hf)
     return {k: tuple(v.shape) for k, v in model.state_dict().items()}
 
-# %% ../nbs/07_loading.ipynb #fd8d25ca
+# %% ../nbs/07_loading.ipynb #713fb14c
 class Entry(NamedTuple):
     "Where a checkpoint tensor is, and what the header says about it."
     file: Path
@@ -122,7 +121,7 @@ def _headers(files: list[Path]) -> dict[str, Entry]:
             raise ValueError(f"{f} is truncated or corrupt (safetensors: {e}): copy or download it again") from e
     return out
 
-# %% ../nbs/07_loading.ipynb #bcd6b7e7
+# %% ../nbs/07_loading.ipynb #d2d8547b
 def _missing_message(missing: list[str], selected_layer: int) -> str:
     "Each missing checkpoint tensor, and the parameter (and fused split) it was to fill."
     def one(k):
@@ -151,7 +150,7 @@ def check_checkpoint(path, cfg: EncoderConfig) -> dict[str, Entry]:
         raise ValueError(f"{len(bad)} tensor(s) with the wrong shape: " + "; ".join(bad[:5]))
     return needed
 
-# %% ../nbs/07_loading.ipynb #25661e86
+# %% ../nbs/07_loading.ipynb #e4e08412
 class _Slice:
     "An unread checkpoint tensor: `narrow` (what `tp.shard` calls) reads only the rows or columns asked for."
     def __init__(self, sl, stats: dict): self.sl, self.stats, self.shape = sl, stats, torch.Size(sl.get_shape())
@@ -163,7 +162,7 @@ class _Slice:
         self.stats["tensors_read"] += 1; self.stats["bytes_read"] += t.nbytes
         return t
 
-# %% ../nbs/07_loading.ipynb #f37c8ece
+# %% ../nbs/07_loading.ipynb #7ef007ed
 class Sharded(NamedTuple):
     dim: int          # the dimension of the full weight that is split over the group
     load: Callable    # (module, split, full tensor) -> None: copy this rank's slice (of `split`, when fused)
@@ -171,10 +170,10 @@ class Sharded(NamedTuple):
 SHARDING = {  # owning module type -> how its `weight` is sharded and filled; every other parameter is replicated
     tp.ColumnParallelLinear:   Sharded(0, lambda m, split, t: m.load_split(split, t)),
     tp.RowParallelLinear:      Sharded(1, lambda m, split, t: m.load(t)),
-    tp.VocabParallelEmbedding: Sharded(0, lambda m, split, t: m.weight.data.copy_(shard(t, 0, m.group.rank, m.group.size))),
+    tp.VocabParallelEmbedding: Sharded(0, lambda m, split, t: m.load(t)),
 }
 
-# %% ../nbs/07_loading.ipynb #ce67c36a
+# %% ../nbs/07_loading.ipynb #cd21c3b6
 def _rule(mod: nn.Module, leaf: str) -> Sharded | None:
     "The `SHARDING` row for parameter `leaf` of `mod`, or None when it is replicated."
     for cls, rule in SHARDING.items():
@@ -197,7 +196,7 @@ def _full_shape(mod: nn.Module, leaf: str, split: int | None) -> tuple:
     if rule := _rule(mod, leaf): s[rule.dim] *= mod.group.size
     return tuple(s)
 
-# %% ../nbs/07_loading.ipynb #f20fa8ce
+# %% ../nbs/07_loading.ipynb #aab1e7a8
 def _check_complete(model: nn.Module, filled: dict):
     "Raise naming every parameter not filled, and for a fused one every missing source."
     modules, problems = dict(model.named_modules()), []
@@ -234,7 +233,7 @@ def load_checkpoint(model: nn.Module, path, cfg: EncoderConfig, progress: bool =
     _check_complete(model, filled)
     return stats
 
-# %% ../nbs/07_loading.ipynb #4b287081
+# %% ../nbs/07_loading.ipynb #d8fd3874
 def unshard(models: list[nn.Module]) -> dict[str, torch.Tensor]:
     "The full checkpoint tensors (HF names) put back together from every rank's model, in group-rank order."
     out, modules = {}, [dict(m.named_modules()) for m in models]

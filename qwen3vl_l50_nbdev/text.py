@@ -6,16 +6,16 @@
 __all__ = ['TP_PLAN', 'REPLICATED', 'RMSNorm', 'Attention', 'MLP', 'DecoderLayer', 'load_hf_layer', 'inject', 'TextModel',
            'load_hf_text']
 
-# %% ../nbs/05_text.ipynb #1b575149
+# %% ../nbs/05_text.ipynb #918276bd
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 from .config import TextConfig
 from .dist import Group
-from .tp import divide, shard, VocabParallelEmbedding, ColumnParallelLinear, RowParallelLinear
+from .tp import divide, VocabParallelEmbedding, ColumnParallelLinear, RowParallelLinear
 from .rope import TextRotary, apply_rotary
 
-# %% ../nbs/05_text.ipynb #16c3a2b7
+# %% ../nbs/05_text.ipynb #cfb913f7
 TP_PLAN = {  # our projection: (parallel style, the HF projections it holds, in split order)
     "self_attn.qkv_proj": ("column", ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj")),
     "self_attn.o_proj":   ("row",    ("self_attn.o_proj",)),
@@ -24,7 +24,7 @@ TP_PLAN = {  # our projection: (parallel style, the HF projections it holds, in 
 }
 REPLICATED = ("input_layernorm", "post_attention_layernorm", "self_attn.q_norm", "self_attn.k_norm")
 
-# %% ../nbs/05_text.ipynb #c9cf2d1b
+# %% ../nbs/05_text.ipynb #34123512
 class RMSNorm(nn.Module):
     "Root-mean-square norm over the last dim: normalise in fp32, round to the input dtype, then scale (HF's order)."
     def __init__(self, dim: int, eps: float = 1e-6, dtype=torch.bfloat16, device=None):
@@ -37,7 +37,7 @@ class RMSNorm(nn.Module):
         h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
         return self.weight * h.to(x.dtype)
 
-# %% ../nbs/05_text.ipynb #08da99a8
+# %% ../nbs/05_text.ipynb #a61a4267
 class Attention(nn.Module):
     "Causal GQA self-attention, heads split over the group: column-parallel q|k|v, row-parallel o."
     def __init__(self, cfg: TextConfig, group: Group | None = None, reduce: str = "fp32", dtype=torch.bfloat16, device=None):
@@ -61,7 +61,7 @@ class Attention(nn.Module):
         o = F.scaled_dot_product_attention(q[None], k[None], v[None], is_causal=True, scale=self.scale, enable_gqa=self.gqa)
         return self.o_proj(o[0].transpose(0, 1).reshape(s, -1))   # (seq, heads * head_dim)
 
-# %% ../nbs/05_text.ipynb #a3ecd54b
+# %% ../nbs/05_text.ipynb #cd831bb7
 class MLP(nn.Module):
     "SwiGLU: column-parallel gate|up, `silu(gate) * up`, row-parallel down."
     def __init__(self, cfg: TextConfig, group: Group | None = None, reduce: str = "fp32", dtype=torch.bfloat16, device=None):
@@ -76,7 +76,7 @@ class MLP(nn.Module):
         gate, up = self.gate_up_proj(x)
         return self.down_proj(F.silu(gate) * up)
 
-# %% ../nbs/05_text.ipynb #fbfb571a
+# %% ../nbs/05_text.ipynb #77f7b7ab
 class DecoderLayer(nn.Module):
     "Pre-norm residual attention and MLP blocks on a replicated `[seq, hidden]` state."
     def __init__(self, cfg: TextConfig, group: Group | None = None, reduce: str = "fp32", dtype=torch.bfloat16, device=None):
@@ -91,7 +91,7 @@ class DecoderLayer(nn.Module):
         h = x + self.self_attn(self.input_layernorm(x), cos, sin)
         return h + self.mlp(self.post_attention_layernorm(h))
 
-# %% ../nbs/05_text.ipynb #e981a8b0
+# %% ../nbs/05_text.ipynb #9f13f280
 def load_hf_layer(layer: DecoderLayer, hf_layer: nn.Module) -> DecoderLayer:
     "Copy an HF `Qwen3VLTextDecoderLayer`'s weights into `layer` (this rank's shards), following `TP_PLAN`."
     hf = dict(hf_layer.named_parameters())
@@ -102,12 +102,12 @@ def load_hf_layer(layer: DecoderLayer, hf_layer: nn.Module) -> DecoderLayer:
     for name in REPLICATED: layer.get_submodule(name).weight.data.copy_(hf[f"{name}.weight"])
     return layer
 
-# %% ../nbs/05_text.ipynb #85d26f07
+# %% ../nbs/05_text.ipynb #b66cd9b6
 def inject(h: torch.Tensor, mask: torch.Tensor, feature: torch.Tensor) -> torch.Tensor:
     "DeepStack: a copy of `h` [seq, H] with `feature` [mask.sum(), H] added at the rows where `mask` [seq] is True."
     return h.index_put((mask,), h[mask] + feature.to(h.device, h.dtype))
 
-# %% ../nbs/05_text.ipynb #79edaab1
+# %% ../nbs/05_text.ipynb #5a2a8d1f
 class TextModel(nn.Module):
     "Embedding, the first `num_layers` decoder layers and M-RoPE; forward returns the unnormalized last state."
     def __init__(self, cfg: TextConfig, num_layers: int, group: Group | None = None, reduce: str = "fp32",
@@ -129,11 +129,10 @@ class TextModel(nn.Module):
             if deepstack is not None and i < len(deepstack): h = inject(h, visual_mask, deepstack[i])
         return h
 
-# %% ../nbs/05_text.ipynb #dd97004c
+# %% ../nbs/05_text.ipynb #679af8dc
 def load_hf_text(model: TextModel, hf_text: nn.Module) -> TextModel:
     "Copy an HF `Qwen3VLTextModel`'s embedding and first `len(model.layers)` layers into `model` (this rank's shards)."
     if len(hf_text.layers) < len(model.layers): raise ValueError(f"HF model has {len(hf_text.layers)} layers, ours {len(model.layers)}")
-    e = model.embed_tokens
-    e.weight.data.copy_(shard(hf_text.embed_tokens.weight, 0, e.group.rank, e.group.size))
+    model.embed_tokens.load(hf_text.embed_tokens.weight)
     for ours, hf in zip(model.layers, hf_text.layers): load_hf_layer(ours, hf)
     return model

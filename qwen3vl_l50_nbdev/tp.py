@@ -5,13 +5,13 @@
 # %% auto #0
 __all__ = ['REDUCE_MODES', 'divide', 'shard', 'VocabParallelEmbedding', 'ColumnParallelLinear', 'RowParallelLinear']
 
-# %% ../nbs/02_tp.ipynb #7a85e777
+# %% ../nbs/02_tp.ipynb #01d54809
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 from .dist import Group
 
-# %% ../nbs/02_tp.ipynb #9ec5620f
+# %% ../nbs/02_tp.ipynb #a809b1e5
 def divide(n: int, d: int, what: str = "size") -> int:
     "`n // d`, or a `ValueError` naming `what` when `d` does not divide `n`."
     if d < 1 or n % d:
@@ -25,7 +25,7 @@ def shard(t: torch.Tensor, dim: int, rank: int, world: int, splits: list[int] | 
     pieces = [p.narrow(dim, rank * (n := divide(p.shape[dim], world, f"dim {dim} of size")), n) for p in parts]
     return pieces[0] if len(pieces) == 1 else torch.cat(pieces, dim)
 
-# %% ../nbs/02_tp.ipynb #b9484ad4
+# %% ../nbs/02_tp.ipynb #0d475428
 class VocabParallelEmbedding(nn.Module):
     "Embedding table split by rows (vocabulary) over the group; output replicated."
     def __init__(self, num_embeddings: int, dim: int, group: Group | None = None, dtype=torch.bfloat16, device=None):
@@ -42,7 +42,11 @@ class VocabParallelEmbedding(nn.Module):
         out = F.embedding(local.masked_fill(outside, 0), self.weight).masked_fill(outside[..., None], 0)
         return self.group.all_reduce(out)
 
-# %% ../nbs/02_tp.ipynb #a7a5d4fe
+    def load(self, full_weight: torch.Tensor):
+        "Copy this rank's rows from the full (unsharded) table."
+        self.weight.data.copy_(shard(full_weight, 0, self.group.rank, self.group.size))
+
+# %% ../nbs/02_tp.ipynb #26ada4c1
 class ColumnParallelLinear(nn.Module):
     "A linear whose output features (one or more logical `splits`) are sharded over the group."
     def __init__(self, in_features: int, splits: list[int], group: Group | None = None, bias: bool = False,
@@ -64,7 +68,7 @@ class ColumnParallelLinear(nn.Module):
         off = sum(self.local_splits[:i])
         self.weight.data[off:off + self.local_splits[i]].copy_(shard(full_weight, 0, self.group.rank, self.group.size))
 
-# %% ../nbs/02_tp.ipynb #a245db35
+# %% ../nbs/02_tp.ipynb #1f580179
 REDUCE_MODES = ("bf16", "fp32", "fp32-partials")
 
 class RowParallelLinear(nn.Module):
@@ -90,7 +94,7 @@ class RowParallelLinear(nn.Module):
         "Copy this rank's columns from the full (unsharded) weight."
         self.weight.data.copy_(shard(full_weight, 1, self.group.rank, self.group.size))
 
-# %% ../nbs/02_tp.ipynb #dbce95b0
+# %% ../nbs/02_tp.ipynb #a5c523a2
 def _check_primitives(seed: int = 0) -> dict:
     "On each rank of an initialised world: the TP layers against unsharded references; returns max |diff| per check."
     g = encoder_group()
@@ -99,8 +103,7 @@ def _check_primitives(seed: int = 0) -> dict:
     emb_w, x = torch.randn(V, H), torch.randn(S, H)
     ids = torch.randint(0, V, (S,))
     gate, up, down = torch.randn(I, H), torch.randn(I, H), torch.randn(H, I)
-    emb = VocabParallelEmbedding(V, H, g, torch.float32)
-    emb.weight.data.copy_(shard(emb_w, 0, g.rank, g.size))
+    emb = VocabParallelEmbedding(V, H, g, torch.float32); emb.load(emb_w)
     col = ColumnParallelLinear(H, [I, I], g, dtype=torch.float32)
     col.load_split(0, gate); col.load_split(1, up)
     gathered = [torch.empty(S, I // g.size) for _ in range(g.size)]
@@ -113,7 +116,7 @@ def _check_primitives(seed: int = 0) -> dict:
         out[mode] = ((row(shard(h, 1, g.rank, g.size)).double() - ref).norm() / ref.norm()).item()
     return out
 
-# %% ../nbs/02_tp.ipynb #5ac9a5e6
+# %% ../nbs/02_tp.ipynb #af0485b6
 def _reduce_error(K: int = 8192, N: int = 512, S: int = 64, outliers: int = 8, scale: float = 100.0, seed: int = 0) -> dict:
     "Relative L2 error of each reduce mode for a [S,K]x[K,N] row-parallel GEMM with `outliers` channels `scale`x the rest."
     g = encoder_group()

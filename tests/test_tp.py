@@ -20,7 +20,7 @@ def _primitives(seed):
     emb_w, x, ids = torch.randn(V, H), torch.randn(S, H), torch.randint(0, V, (S,))
     Wq, Wk, Wv, Wo = torch.randn(nh * hd, H), torch.randn(nkv * hd, H), torch.randn(nkv * hd, H), torch.randn(H, nh * hd)
     emb = VocabParallelEmbedding(V, H, g, torch.float32)
-    emb.weight.data.copy_(shard(emb_w, 0, g.rank, g.size))
+    emb.load(emb_w)
     qkv = ColumnParallelLinear(H, [nh * hd, nkv * hd, nkv * hd], g, dtype=torch.float32)
     for i, w in enumerate((Wq, Wk, Wv)):
         qkv.load_split(i, w)
