@@ -5,17 +5,18 @@
 # %% auto #0
 __all__ = ['init_world', 'is_rank0', 'cmd_make_tiny', 'cmd_encode', 'parity', 'cmd_check', 'cmd_demo', 'parser', 'main']
 
-# %% ../nbs/12_cli.ipynb #ee343bcd
+# %% ../nbs/12_cli.ipynb #3ee1d355
 import os, sys, argparse, datetime, tempfile, subprocess
 import torch
 import torch.distributed as dist
 from safetensors.torch import load_file, save_file
-from .config import EncoderConfig, tiny
-from .dist import encoder_group
+from .config import tiny
 from .metrics import diff_table
 from .tp import REDUCE_MODES
+from .loading import make_tiny_checkpoint
+from .encoder import Encoder, synthetic_inputs, hf_reference
 
-# %% ../nbs/12_cli.ipynb #22afa867
+# %% ../nbs/12_cli.ipynb #dadca0ec
 def init_world(device: str | None = None, timeout_s: int = 120) -> torch.device:
     "Join torchrun's world if there is one; return this rank's device (`cuda:LOCAL_RANK` or `cpu`)."
     cuda = torch.cuda.is_available() if device is None else device.startswith("cuda")
@@ -28,28 +29,25 @@ def init_world(device: str | None = None, timeout_s: int = 120) -> torch.device:
 
 def is_rank0() -> bool: return not dist.is_initialized() or dist.get_rank() == 0
 
-# %% ../nbs/12_cli.ipynb #662a4f54
+# %% ../nbs/12_cli.ipynb #be24e192
 _DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
 
 def cmd_make_tiny(a):
     "Write a random tiny HF-format Qwen3-VL checkpoint."
-    from qwen3vl_l50_nbdev.loading import make_tiny_checkpoint
     cfg = tiny(selected_layer=1, text=dict(num_hidden_layers=a.text_layers))
     if is_rank0():
         make_tiny_checkpoint(a.dir, cfg, seed=a.seed, max_shard_size=a.max_shard_size)
         print(f"wrote a tiny Qwen3-VL checkpoint ({cfg.text.num_hidden_layers} text layers, vision depth {cfg.vision.depth}) to {a.dir}")
 
 def _load_inputs(a, cfg) -> dict:
-    from qwen3vl_l50_nbdev.encoder import synthetic_inputs
     if a.inputs is None: return synthetic_inputs(cfg)
     keys = ("input_ids", "pixel_values", "image_grid_thw", "pixel_values_videos", "video_grid_thw")
     d = load_file(a.inputs)
-    if unknown := set(d) - set(keys): raise SystemExit(f"{a.inputs}: unknown tensors {sorted(unknown)}; expected some of {keys}")
-    if "input_ids" not in d: raise SystemExit(f"{a.inputs}: no 'input_ids' tensor")
+    if unknown := set(d) - set(keys): raise ValueError(f"{a.inputs}: unknown tensors {sorted(unknown)}; expected some of {keys}")
+    if "input_ids" not in d: raise ValueError(f"{a.inputs}: no 'input_ids' tensor")
     return d
 
 def _encoder(a, dev):
-    from qwen3vl_l50_nbdev.encoder import Encoder
     return Encoder.from_pretrained(a.model, selected_layer=a.layer, dtype=_DTYPES[a.dtype], device=dev,
                                    reduce=a.reduce, quant=a.quant)
 
@@ -62,7 +60,7 @@ def cmd_encode(a):
         save_file({"hidden_states": h.contiguous()}, a.out)
         print(f"wrote hidden_states {list(h.shape)} {h.dtype} to {a.out}")
 
-# %% ../nbs/12_cli.ipynb #0caa19d8
+# %% ../nbs/12_cli.ipynb #43bc2e1a
 def parity(ours, hf_same, hf_ref, tp: int) -> tuple:
     "The diff table and the verdict: bitwise to HF at tp=1; at tp>1 rel L2 to the reference <= 1.25x HF's own."
     t = diff_table({"ours vs HF (same dtype)": (ours, hf_same), "ours vs reference": (ours, hf_ref),
@@ -73,7 +71,6 @@ def parity(ours, hf_same, hf_ref, tp: int) -> tuple:
 
 def cmd_check(a) -> int:
     "Diff table against transformers; exit 1 past tolerance."
-    from qwen3vl_l50_nbdev.encoder import hf_reference
     dev = init_world(a.device)
     enc = _encoder(a, dev)
     inputs = _load_inputs(a, enc.cfg)
@@ -88,7 +85,7 @@ def cmd_check(a) -> int:
     print(("PASS " if ok else "FAIL ") + rule)
     return 0 if ok else 1
 
-# %% ../nbs/12_cli.ipynb #1e27257f
+# %% ../nbs/12_cli.ipynb #051c665d
 def cmd_demo(a) -> int:
     "Tiny checkpoint + image + video prompt, every local rank, parity table."
     if "WORLD_SIZE" in os.environ: return cmd_check(a)
@@ -100,7 +97,7 @@ def cmd_demo(a) -> int:
         print(f"encoding a prompt with an image and a video on {n} ranks: {' '.join(argv[2:])}", flush=True)
         return subprocess.call(argv, env=os.environ | {"OMP_NUM_THREADS": "1"})
 
-# %% ../nbs/12_cli.ipynb #afa9d97e
+# %% ../nbs/12_cli.ipynb #4e4b3d86
 def parser() -> argparse.ArgumentParser:
     "The `qwen3vl-l50` argument parser."
     p = argparse.ArgumentParser(prog="qwen3vl-l50", description="Tensor-parallel Qwen3-VL layer-N encoder.")
@@ -135,6 +132,6 @@ def main(argv=None) -> int:
         if dist.is_initialized(): dist.destroy_process_group()
     return rc
 
-# %% ../nbs/12_cli.ipynb #2a784349
+# %% ../nbs/12_cli.ipynb #41044fb3
 #| eval: false
 if __name__ == "__main__": sys.exit(main())

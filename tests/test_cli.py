@@ -80,6 +80,10 @@ def test_bad_layer_and_model(ckpt, inputs, tmp_path, capsys):
     assert "selected_layer=50 but the text model has 4 decoder layers: choose 1..4" in capsys.readouterr().err
     assert main(args + ["--model", str(tmp_path / "nope"), "--layer", "3"]) == 2
     assert "no config.json" in capsys.readouterr().err
+    extra = tmp_path / "extra.safetensors"
+    save_file({"input_ids": torch.tensor([1, 2, 3]), "attention_mask": torch.ones(3)}, extra)
+    assert main(["encode", "--model", str(ckpt), "--inputs", str(extra), "--out", str(tmp_path / "o.safetensors"), "--layer", "3"]) == 2
+    assert "unknown tensors ['attention_mask']" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("cmd", ["make-tiny", "encode", "check", "demo"])
