@@ -5,7 +5,7 @@
 # %% auto #0
 __all__ = ['init_world', 'is_rank0', 'cmd_make_tiny', 'cmd_encode', 'parity', 'cmd_check', 'cmd_demo', 'parser', 'main']
 
-# %% ../nbs/12_cli.ipynb #3ee1d355
+# %% ../nbs/12_cli.ipynb #5595d468
 import os, sys, argparse, datetime, tempfile, subprocess
 import torch
 import torch.distributed as dist
@@ -13,10 +13,11 @@ from safetensors.torch import load_file, save_file
 from .config import tiny
 from .metrics import diff_table
 from .tp import REDUCE_MODES
+from .fp8 import GRANULARITIES, ACT_MODES
 from .loading import make_tiny_checkpoint
 from .encoder import Encoder, synthetic_inputs, hf_reference
 
-# %% ../nbs/12_cli.ipynb #dadca0ec
+# %% ../nbs/12_cli.ipynb #80e22831
 def init_world(device: str | None = None, timeout_s: int = 120) -> torch.device:
     "Join torchrun's world if there is one; return this rank's device (`cuda:LOCAL_RANK` or `cpu`)."
     cuda = torch.cuda.is_available() if device is None else device.startswith("cuda")
@@ -29,7 +30,7 @@ def init_world(device: str | None = None, timeout_s: int = 120) -> torch.device:
 
 def is_rank0() -> bool: return not dist.is_initialized() or dist.get_rank() == 0
 
-# %% ../nbs/12_cli.ipynb #be24e192
+# %% ../nbs/12_cli.ipynb #9c123fcc
 _DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
 
 def cmd_make_tiny(a):
@@ -48,8 +49,8 @@ def _load_inputs(a, cfg) -> dict:
     return d
 
 def _encoder(a, dev):
-    return Encoder.from_pretrained(a.model, selected_layer=a.layer, dtype=_DTYPES[a.dtype], device=dev,
-                                   reduce=a.reduce, quant=a.quant)
+    return Encoder.from_pretrained(a.model, selected_layer=a.layer, dtype=_DTYPES[a.dtype], device=dev, reduce=a.reduce,
+                                   quant=a.quant, fp8_granularity=a.fp8_granularity, fp8_act=a.fp8_act)
 
 def cmd_encode(a):
     "Encode an inputs file; rank 0 writes `hidden_states` [seq, hidden]."
@@ -60,7 +61,7 @@ def cmd_encode(a):
         save_file({"hidden_states": h.contiguous()}, a.out)
         print(f"wrote hidden_states {list(h.shape)} {h.dtype} to {a.out}")
 
-# %% ../nbs/12_cli.ipynb #43bc2e1a
+# %% ../nbs/12_cli.ipynb #673200eb
 def parity(ours, hf_same, hf_ref, tp: int) -> tuple:
     "The diff table and the verdict: bitwise to HF at tp=1; at tp>1 rel L2 to the reference <= 1.25x HF's own."
     t = diff_table({"ours vs HF (same dtype)": (ours, hf_same), "ours vs reference": (ours, hf_ref),
@@ -85,7 +86,7 @@ def cmd_check(a) -> int:
     print(("PASS " if ok else "FAIL ") + rule)
     return 0 if ok else 1
 
-# %% ../nbs/12_cli.ipynb #051c665d
+# %% ../nbs/12_cli.ipynb #fe298436
 def cmd_demo(a) -> int:
     "Tiny checkpoint + image + video prompt, every local rank, parity table."
     if "WORLD_SIZE" in os.environ: return cmd_check(a)
@@ -97,7 +98,7 @@ def cmd_demo(a) -> int:
         print(f"encoding a prompt with an image and a video on {n} ranks: {' '.join(argv[2:])}", flush=True)
         return subprocess.call(argv, env=os.environ | {"OMP_NUM_THREADS": "1"})
 
-# %% ../nbs/12_cli.ipynb #4e4b3d86
+# %% ../nbs/12_cli.ipynb #846e7cb3
 def parser() -> argparse.ArgumentParser:
     "The `qwen3vl-l50` argument parser."
     p = argparse.ArgumentParser(prog="qwen3vl-l50", description="Tensor-parallel Qwen3-VL layer-N encoder.")
@@ -109,7 +110,9 @@ def parser() -> argparse.ArgumentParser:
         s.add_argument("--model", required=model_required, help="HF-format checkpoint directory")
         s.add_argument("--layer", type=int, default=50, help="selected layer N: the output is the state after decoder layer N-1")
         s.add_argument("--reduce", choices=REDUCE_MODES, default="fp32", help="precision of the row-parallel all-reduce")
-        s.add_argument("--quant", choices=["fp8"], default=None, help="online FP8 for the decoder linears")
+        s.add_argument("--quant", choices=["fp8"], default=None, help="online FP8 (e4m3) for the decoder projections")
+        s.add_argument("--fp8-granularity", choices=GRANULARITIES, default="channel", help="FP8 weight scales")
+        s.add_argument("--fp8-act", choices=ACT_MODES, default="token", help="FP8 activation scales (dynamic)")
         s.add_argument("--dtype", choices=list(_DTYPES), default="bf16")
         s.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
         s.add_argument("--inputs", default=None, help="safetensors with input_ids [+ pixel_values, image_grid_thw, ...]")
@@ -132,6 +135,6 @@ def main(argv=None) -> int:
         if dist.is_initialized(): dist.destroy_process_group()
     return rc
 
-# %% ../nbs/12_cli.ipynb #41044fb3
+# %% ../nbs/12_cli.ipynb #474e37bf
 #| eval: false
 if __name__ == "__main__": sys.exit(main())

@@ -5,7 +5,7 @@
 # %% auto #0
 __all__ = ['synthetic_inputs', 'check_inputs', 'mm_token_types', 'hf_reference', 'NotMember', 'Encoder']
 
-# %% ../nbs/08_encoder.ipynb #6e6118e5
+# %% ../nbs/08_encoder.ipynb #7e12f7df
 import torch
 import torch.nn as nn
 from .config import EncoderConfig
@@ -16,8 +16,9 @@ from .text import TextModel
 from .rope import rope_index
 from .deepstack import placeholder_masks, scatter_visual, merge_deepstack
 from .loading import load_checkpoint
+from .fp8 import quantize_model_, check_fp8_modes
 
-# %% ../nbs/08_encoder.ipynb #7a4ad2cd
+# %% ../nbs/08_encoder.ipynb #6dfbbce0
 def synthetic_inputs(cfg: EncoderConfig, images=((1, 4, 6),), videos=((2, 4, 4),), text_len: int = 5, seed: int = 0) -> dict:
     "Random token ids with image/video placeholders for grids `images` and `videos` ((t, h, w) in patches), and pixel values."
     g = torch.Generator().manual_seed(seed)
@@ -36,7 +37,7 @@ def synthetic_inputs(cfg: EncoderConfig, images=((1, 4, 6),), videos=((2, 4, 4),
             out["image_grid_thw" if kind == "" else "video_grid_thw"] = torch.tensor(grids, dtype=torch.long)
     return dict(input_ids=torch.tensor(ids, dtype=torch.long), **out)
 
-# %% ../nbs/08_encoder.ipynb #17574512
+# %% ../nbs/08_encoder.ipynb #31818ff3
 def _check_visual(cfg: EncoderConfig, ids, pixels, grid, kind: str, token_id: int):
     "One modality: pixels and grid together, shapes consistent with the config, placeholders matching the features."
     pv, gname = ("pixel_values", "image_grid_thw") if kind == "image" else ("pixel_values_videos", "video_grid_thw")
@@ -72,7 +73,7 @@ def check_inputs(cfg: EncoderConfig, input_ids, pixel_values=None, image_grid_th
     _check_visual(cfg, ids, pixel_values, image_grid_thw, "image", cfg.image_token_id)
     _check_visual(cfg, ids, pixel_values_videos, video_grid_thw, "video", cfg.video_token_id)
 
-# %% ../nbs/08_encoder.ipynb #f501afd0
+# %% ../nbs/08_encoder.ipynb #90a854a8
 def mm_token_types(cfg: EncoderConfig, ids: torch.Tensor) -> torch.Tensor:
     "HF's `mm_token_type_ids`: 1 for image placeholders, 2 for video, 0 for text."
     return (ids == cfg.image_token_id).int() + 2 * (ids == cfg.video_token_id).int()
@@ -91,7 +92,7 @@ def hf_reference(path, inputs: dict, selected_layer: int, dtype=torch.float32, d
                 use_cache=False, **kw)
     return out.last_hidden_state[0].cpu()
 
-# %% ../nbs/08_encoder.ipynb #204d2cb0
+# %% ../nbs/08_encoder.ipynb #f3dbfe7f
 class NotMember:
     "What `Encoder.from_pretrained` returns on a rank outside the encoder group: using it raises, saying why."
     def __init__(self, group: Group): self.group = group
@@ -99,7 +100,7 @@ class NotMember:
         raise RuntimeError(f"rank {self.group.global_rank} is not in the encoder group {list(self.group.ranks)}: the encoder "
                            f"was loaded only on those ranks; call {name} there")
 
-# %% ../nbs/08_encoder.ipynb #d4a57957
+# %% ../nbs/08_encoder.ipynb #7323fcdb
 class Encoder(nn.Module):
     "The Qwen3-VL layer-N encoder: replicated vision tower, tensor-parallel text decoder cut at `cfg.selected_layer`."
     def __init__(self, cfg: EncoderConfig, group: Group | None = None, reduce: str = "fp32", dtype=torch.bfloat16, device=None):
@@ -113,21 +114,21 @@ class Encoder(nn.Module):
 
     @classmethod
     def from_pretrained(cls, path, selected_layer: int = 50, dtype=torch.bfloat16, device=None, group: Group | None = None,
-                        reduce: str = "fp32", quant: str | None = None, progress: bool | None = None):
+                        reduce: str = "fp32", quant: str | None = None, fp8_granularity: str = "channel", fp8_act: str = "token",
+                        progress: bool | None = None):
         "Load an HF-format Qwen3-VL checkpoint directory onto the encoder group (default: every rank of the world)."
         if quant not in (None, "fp8"): raise ValueError(f"quant={quant!r}: choose None or 'fp8'")
+        if quant: check_fp8_modes(fp8_granularity, fp8_act)
         cfg = EncoderConfig.from_hf(path, selected_layer)
         group = group or encoder_group()
         if not group.is_member: return NotMember(group)
         if device is None: device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else "cpu"
         enc = cls(cfg, group, reduce, dtype, device)
         enc.load_stats = load_checkpoint(enc, path, cfg, progress=group.rank == 0 if progress is None else progress)
-        if quant == "fp8":
-            from qwen3vl_l50_nbdev.fp8 import quantize_model_
-            quantize_model_(enc.text)
+        if quant == "fp8": quantize_model_(enc.text, fp8_granularity, fp8_act)   # online FP8: the decoder projections only
         return enc
 
-# %% ../nbs/08_encoder.ipynb #5cce8bc6
+# %% ../nbs/08_encoder.ipynb #d74cbe78
 @torch.inference_mode()
 def _encode(self: Encoder, input_ids: torch.Tensor, pixel_values=None, image_grid_thw=None,
             pixel_values_videos=None, video_grid_thw=None) -> torch.Tensor:
@@ -146,7 +147,7 @@ def _encode(self: Encoder, input_ids: torch.Tensor, pixel_values=None, image_gri
     return self.text(h, positions, visual_mask, deepstack).cpu()
 Encoder.encode = _encode
 
-# %% ../nbs/08_encoder.ipynb #7898ae18
+# %% ../nbs/08_encoder.ipynb #5d661040
 def _encode_on_ranks(path, inputs: dict, selected_layer: int, reduce: str, dtype=torch.bfloat16):
     "`encode` on every rank of an initialised world (for `spawn`)."
     return Encoder.from_pretrained(path, selected_layer, dtype, reduce=reduce, progress=False).encode(**inputs)
