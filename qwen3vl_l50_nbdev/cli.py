@@ -5,7 +5,7 @@
 # %% auto #0
 __all__ = ['init_world', 'is_rank0', 'cmd_make_tiny', 'cmd_encode', 'parity', 'cmd_check', 'cmd_demo', 'parser', 'main']
 
-# %% ../nbs/12_cli.ipynb #5595d468
+# %% ../nbs/12_cli.ipynb #b3e51cd5
 import os, sys, argparse, datetime, tempfile, subprocess
 import torch
 import torch.distributed as dist
@@ -17,7 +17,7 @@ from .fp8 import GRANULARITIES, ACT_MODES
 from .loading import make_tiny_checkpoint
 from .encoder import Encoder, synthetic_inputs, hf_reference
 
-# %% ../nbs/12_cli.ipynb #80e22831
+# %% ../nbs/12_cli.ipynb #5309277a
 def init_world(device: str | None = None, timeout_s: int = 120) -> torch.device:
     "Join torchrun's world if there is one; return this rank's device (`cuda:LOCAL_RANK` or `cpu`)."
     cuda = torch.cuda.is_available() if device is None else device.startswith("cuda")
@@ -30,7 +30,7 @@ def init_world(device: str | None = None, timeout_s: int = 120) -> torch.device:
 
 def is_rank0() -> bool: return not dist.is_initialized() or dist.get_rank() == 0
 
-# %% ../nbs/12_cli.ipynb #9c123fcc
+# %% ../nbs/12_cli.ipynb #e70858c3
 _DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
 
 def cmd_make_tiny(a):
@@ -61,7 +61,7 @@ def cmd_encode(a):
         save_file({"hidden_states": h.contiguous()}, a.out)
         print(f"wrote hidden_states {list(h.shape)} {h.dtype} to {a.out}")
 
-# %% ../nbs/12_cli.ipynb #673200eb
+# %% ../nbs/12_cli.ipynb #1a8d126b
 def parity(ours, hf_same, hf_ref, tp: int) -> tuple:
     "The diff table and the verdict: bitwise to HF at tp=1; at tp>1 rel L2 to the reference <= 1.25x HF's own."
     t = diff_table({"ours vs HF (same dtype)": (ours, hf_same), "ours vs reference": (ours, hf_ref),
@@ -86,7 +86,7 @@ def cmd_check(a) -> int:
     print(("PASS " if ok else "FAIL ") + rule)
     return 0 if ok else 1
 
-# %% ../nbs/12_cli.ipynb #fe298436
+# %% ../nbs/12_cli.ipynb #4ea32278
 def cmd_demo(a) -> int:
     "Tiny checkpoint + image + video prompt, every local rank, parity table."
     if "WORLD_SIZE" in os.environ: return cmd_check(a)
@@ -98,7 +98,7 @@ def cmd_demo(a) -> int:
         print(f"encoding a prompt with an image and a video on {n} ranks: {' '.join(argv[2:])}", flush=True)
         return subprocess.call(argv, env=os.environ | {"OMP_NUM_THREADS": "1"})
 
-# %% ../nbs/12_cli.ipynb #846e7cb3
+# %% ../nbs/12_cli.ipynb #2580c14e
 def parser() -> argparse.ArgumentParser:
     "The `qwen3vl-l50` argument parser."
     p = argparse.ArgumentParser(prog="qwen3vl-l50", description="Tensor-parallel Qwen3-VL layer-N encoder.")
@@ -135,6 +135,6 @@ def main(argv=None) -> int:
         if dist.is_initialized(): dist.destroy_process_group()
     return rc
 
-# %% ../nbs/12_cli.ipynb #474e37bf
+# %% ../nbs/12_cli.ipynb #83cea656
 #| eval: false
 if __name__ == "__main__": sys.exit(main())

@@ -5,13 +5,13 @@
 # %% auto #0
 __all__ = ['Group', 'encoder_group', 'RemoteTraceback', 'spawn']
 
-# %% ../nbs/01_dist.ipynb #1060961f
+# %% ../nbs/01_dist.ipynb #5f1fad8f
 import os, io, sys, time, socket, tempfile, traceback, datetime, multiprocessing as mp
 from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-# %% ../nbs/01_dist.ipynb #80ef9662
+# %% ../nbs/01_dist.ipynb #772c4935
 @dataclass(frozen=True)
 class Group:
     "A tensor-parallel group: member ranks of the world, this process's place in it, and collectives."
@@ -38,7 +38,7 @@ class Group:
             raise RuntimeError(f"rank {self.global_rank} is not a member of the encoder group {list(self.ranks)}: "
                                f"only member ranks may call {op}")
 
-# %% ../nbs/01_dist.ipynb #e1e4aaf5
+# %% ../nbs/01_dist.ipynb #00bd1cbf
 def _all_reduce(self: Group, x: torch.Tensor, dtype: torch.dtype | None = None) -> torch.Tensor:
     "Sum `x` over the group, accumulating in `dtype` (default `x.dtype`); returns a new tensor in `x.dtype`."
     self._check("all_reduce")
@@ -59,7 +59,7 @@ def _barrier(self: Group):
 
 Group.all_reduce, Group.broadcast, Group.barrier = _all_reduce, _broadcast, _barrier
 
-# %% ../nbs/01_dist.ipynb #91c9cec0
+# %% ../nbs/01_dist.ipynb #cf7eef40
 def encoder_group(tp: int | None = None, tiled: bool = False) -> Group:
     "The encoder group over the initialised world: the first `tp` ranks, or contiguous tiles of `tp` (call on every rank)."
     if not (dist.is_available() and dist.is_initialized()):
@@ -78,7 +78,7 @@ def encoder_group(tp: int | None = None, tiled: bool = False) -> Group:
         if me in ranks: mine = Group(pg, ranks, me)
     return mine or Group(None, tiles[0], me)
 
-# %% ../nbs/01_dist.ipynb #11885470
+# %% ../nbs/01_dist.ipynb #e0ca66a4
 class RemoteTraceback(Exception):
     "The traceback of an exception raised on another rank (shown as the cause)."
     def __str__(self): return self.args[0]
@@ -98,7 +98,7 @@ def _worker(fn, rank, world, store, args, q, threads):
     finally:
         if dist.is_initialized(): dist.destroy_process_group()
 
-# %% ../nbs/01_dist.ipynb #bd360d01
+# %% ../nbs/01_dist.ipynb #7e557f74
 def _died(procs, results) -> RuntimeError | None:
     "A 'rank died' error for the first rank that exited abnormally without a result (a signal, `os._exit`)."
     dead = [(r, p.exitcode) for r, p in enumerate(procs) if p.exitcode not in (None, 0) and r not in results]

@@ -5,7 +5,7 @@
 # %% auto #0
 __all__ = ['synthetic_inputs', 'check_inputs', 'mm_token_types', 'hf_reference', 'NotMember', 'Encoder']
 
-# %% ../nbs/08_encoder.ipynb #7e12f7df
+# %% ../nbs/08_encoder.ipynb #d0b65198
 import torch
 import torch.nn as nn
 from .config import EncoderConfig
@@ -18,7 +18,7 @@ from .deepstack import placeholder_masks, scatter_visual, merge_deepstack
 from .loading import load_checkpoint
 from .fp8 import quantize_model_, check_fp8_modes
 
-# %% ../nbs/08_encoder.ipynb #6dfbbce0
+# %% ../nbs/08_encoder.ipynb #89f07fde
 def synthetic_inputs(cfg: EncoderConfig, images=((1, 4, 6),), videos=((2, 4, 4),), text_len: int = 5, seed: int = 0) -> dict:
     "Random token ids with image/video placeholders for grids `images` and `videos` ((t, h, w) in patches), and pixel values."
     g = torch.Generator().manual_seed(seed)
@@ -37,7 +37,7 @@ def synthetic_inputs(cfg: EncoderConfig, images=((1, 4, 6),), videos=((2, 4, 4),
             out["image_grid_thw" if kind == "" else "video_grid_thw"] = torch.tensor(grids, dtype=torch.long)
     return dict(input_ids=torch.tensor(ids, dtype=torch.long), **out)
 
-# %% ../nbs/08_encoder.ipynb #31818ff3
+# %% ../nbs/08_encoder.ipynb #49b5d5c5
 def _check_visual(cfg: EncoderConfig, ids, pixels, grid, kind: str, token_id: int):
     "One modality: pixels and grid together, shapes consistent with the config, placeholders matching the features."
     pv, gname = ("pixel_values", "image_grid_thw") if kind == "image" else ("pixel_values_videos", "video_grid_thw")
@@ -73,7 +73,7 @@ def check_inputs(cfg: EncoderConfig, input_ids, pixel_values=None, image_grid_th
     _check_visual(cfg, ids, pixel_values, image_grid_thw, "image", cfg.image_token_id)
     _check_visual(cfg, ids, pixel_values_videos, video_grid_thw, "video", cfg.video_token_id)
 
-# %% ../nbs/08_encoder.ipynb #90a854a8
+# %% ../nbs/08_encoder.ipynb #507788a5
 def mm_token_types(cfg: EncoderConfig, ids: torch.Tensor) -> torch.Tensor:
     "HF's `mm_token_type_ids`: 1 for image placeholders, 2 for video, 0 for text."
     return (ids == cfg.image_token_id).int() + 2 * (ids == cfg.video_token_id).int()
@@ -92,7 +92,7 @@ def hf_reference(path, inputs: dict, selected_layer: int, dtype=torch.float32, d
                 use_cache=False, **kw)
     return out.last_hidden_state[0].cpu()
 
-# %% ../nbs/08_encoder.ipynb #f3dbfe7f
+# %% ../nbs/08_encoder.ipynb #6376cd2b
 class NotMember:
     "What `Encoder.from_pretrained` returns on a rank outside the encoder group: using it raises, saying why."
     def __init__(self, group: Group): self.group = group
@@ -100,7 +100,7 @@ class NotMember:
         raise RuntimeError(f"rank {self.group.global_rank} is not in the encoder group {list(self.group.ranks)}: the encoder "
                            f"was loaded only on those ranks; call {name} there")
 
-# %% ../nbs/08_encoder.ipynb #7323fcdb
+# %% ../nbs/08_encoder.ipynb #ea192da2
 class Encoder(nn.Module):
     "The Qwen3-VL layer-N encoder: replicated vision tower, tensor-parallel text decoder cut at `cfg.selected_layer`."
     def __init__(self, cfg: EncoderConfig, group: Group | None = None, reduce: str = "fp32", dtype=torch.bfloat16, device=None):
@@ -128,7 +128,7 @@ class Encoder(nn.Module):
         if quant == "fp8": quantize_model_(enc.text, fp8_granularity, fp8_act)   # online FP8: the decoder projections only
         return enc
 
-# %% ../nbs/08_encoder.ipynb #d74cbe78
+# %% ../nbs/08_encoder.ipynb #78d5d927
 @torch.inference_mode()
 def _encode(self: Encoder, input_ids: torch.Tensor, pixel_values=None, image_grid_thw=None,
             pixel_values_videos=None, video_grid_thw=None) -> torch.Tensor:
@@ -147,7 +147,7 @@ def _encode(self: Encoder, input_ids: torch.Tensor, pixel_values=None, image_gri
     return self.text(h, positions, visual_mask, deepstack).cpu()
 Encoder.encode = _encode
 
-# %% ../nbs/08_encoder.ipynb #5d661040
+# %% ../nbs/08_encoder.ipynb #db49f067
 def _encode_on_ranks(path, inputs: dict, selected_layer: int, reduce: str, dtype=torch.bfloat16):
     "`encode` on every rank of an initialised world (for `spawn`)."
     return Encoder.from_pretrained(path, selected_layer, dtype, reduce=reduce, progress=False).encode(**inputs)
