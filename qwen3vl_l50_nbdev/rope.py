@@ -5,25 +5,25 @@
 # %% auto #0
 __all__ = ['mrope_axes', 'TextRotary', 'rotate_half', 'apply_rotary', 'vision_positions', 'VisionRotary', 'rope_index']
 
-# %% ../nbs/03_rope.ipynb #65717482
+# %% ../nbs/03_rope.ipynb #317427c2
 import itertools
 import torch
 import torch.nn as nn
 from .config import TextConfig, VisionConfig, EncoderConfig
 
-# %% ../nbs/03_rope.ipynb #e711246c
+# %% ../nbs/03_rope.ipynb #a201285a
 def _inv_freq(dim: int, theta: float) -> torch.Tensor:
     "RoPE inverse frequencies `θ^(-2j/dim)`, j < dim/2: fp32, on the CPU, HF's expression."
     return 1.0 / (theta ** (torch.arange(0, dim, 2, dtype=torch.float, device="cpu") / dim))
 
-# %% ../nbs/03_rope.ipynb #e9bd1607
+# %% ../nbs/03_rope.ipynb #6c2991a7
 def mrope_axes(mrope_section) -> torch.Tensor:
     "Which position (0 t, 1 h, 2 w) each of the `sum(mrope_section)` frequencies reads: Qwen3-VL's interleaved layout."
     axes = torch.zeros(sum(mrope_section), dtype=torch.long)
     for a in (1, 2): axes[a:3 * mrope_section[a]:3] = a
     return axes
 
-# %% ../nbs/03_rope.ipynb #0f6522c4
+# %% ../nbs/03_rope.ipynb #e232841c
 class TextRotary(nn.Module):
     "Qwen3-VL text M-RoPE: positions [3, seq] -> (cos, sin), each [seq, head_dim], in `dtype`."
     def __init__(self, cfg: TextConfig):
@@ -39,7 +39,7 @@ class TextRotary(nn.Module):
         cos, sin = (f.gather(0, idx)[0] for f in (angles.cos(), angles.sin()))
         return torch.cat((cos, cos), -1).to(dtype), torch.cat((sin, sin), -1).to(dtype)
 
-# %% ../nbs/03_rope.ipynb #6d41dce2
+# %% ../nbs/03_rope.ipynb #2ebdf9dc
 def rotate_half(x: torch.Tensor) -> torch.Tensor:
     "`(x1, x2) -> (-x2, x1)` on the two halves of the last dimension."
     x1, x2 = x.chunk(2, -1)
@@ -49,7 +49,7 @@ def apply_rotary(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch
     "Rotate `q` and `k` by the angles whose `cos`, `sin` broadcast against them (HF's formula)."
     return q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin
 
-# %% ../nbs/03_rope.ipynb #f21ee461
+# %% ../nbs/03_rope.ipynb #96e3bac9
 def _grids(grid_thw) -> list[list[int]]:
     "`grid_thw` (tensor, list or None) as a list of [t, h, w]."
     return [] if grid_thw is None else torch.as_tensor(grid_thw).reshape(-1, 3).tolist()
@@ -59,7 +59,7 @@ def _check_grid(t: int, h: int, w: int, merge: int, what: str):
         raise ValueError(f"{what} grid (t, h, w) = ({t}, {h}, {w}): all must be positive and h, w multiples of "
                          f"spatial_merge_size={merge}")
 
-# %% ../nbs/03_rope.ipynb #d9f1e1e3
+# %% ../nbs/03_rope.ipynb #96a790d7
 def vision_positions(grid_thw, merge: int, device=None) -> torch.Tensor:
     "(h, w) of every patch [n_patches, 2], in the order `pixel_values` holds them (merge x merge blocks, per frame)."
     out = []
@@ -69,7 +69,7 @@ def vision_positions(grid_thw, merge: int, device=None) -> torch.Tensor:
         out.append(hw.reshape(h // merge, merge, w // merge, merge, 2).transpose(1, 2).reshape(-1, 2).repeat(t, 1))
     return torch.cat(out)
 
-# %% ../nbs/03_rope.ipynb #69cce1c4
+# %% ../nbs/03_rope.ipynb #6f488f84
 class VisionRotary(nn.Module):
     "The vision tower's 2-D axial rotary: patch (h, w) [n, 2] -> (cos, sin), each [n, head_dim], fp32."
     def __init__(self, cfg: VisionConfig):
@@ -81,7 +81,7 @@ class VisionRotary(nn.Module):
         layout = lambda f: torch.cat((f[:, 0], f[:, 1], f[:, 0], f[:, 1]), -1)
         return layout(angles.cos()), layout(angles.sin())
 
-# %% ../nbs/03_rope.ipynb #a1c1e0d4
+# %% ../nbs/03_rope.ipynb #3fc13cfc
 def rope_index(input_ids: torch.Tensor, cfg: EncoderConfig, image_grid_thw=None, video_grid_thw=None) -> torch.Tensor:
     "M-RoPE positions [3, seq] (t, h, w) for 1-D `input_ids` holding text, image and video placeholder tokens."
     if input_ids.ndim != 1: raise ValueError(f"input_ids must be 1-D [seq] (no batch), got shape {tuple(input_ids.shape)}")
@@ -104,7 +104,7 @@ def rope_index(input_ids: torch.Tensor, cfg: EncoderConfig, image_grid_thw=None,
         pos += max(h, w)
     return torch.cat(out, 1).to(input_ids.device)
 
-# %% ../nbs/03_rope.ipynb #5175d073
+# %% ../nbs/03_rope.ipynb #c1fed520
 def _check_runs(runs: list, grids: dict, cfg: EncoderConfig):
     "Raise if the number of image (video-frame) placeholder runs differs from the number of grids (frames)."
     for k, name, key, tok in ((1, "image", "image_grid_thw", cfg.image_token_id), (2, "video", "video_grid_thw", cfg.video_token_id)):

@@ -5,7 +5,7 @@
 # %% auto #0
 __all__ = ['PatchEmbed', 'pos_interp', 'Attention', 'MLP', 'Block', 'PatchMerger', 'VisionModel']
 
-# %% ../nbs/04_vision.ipynb #ecb638b8
+# %% ../nbs/04_vision.ipynb #260f1475
 import math
 from functools import partial
 import torch
@@ -14,7 +14,7 @@ import torch.nn.functional as F
 from .config import VisionConfig
 from .rope import VisionRotary, vision_positions, apply_rotary, _grids, _check_grid
 
-# %% ../nbs/04_vision.ipynb #32923483
+# %% ../nbs/04_vision.ipynb #ac87410a
 class PatchEmbed(nn.Module):
     "Conv3d with kernel = stride = (temporal_patch, patch, patch): [n, C·T·P·P] -> [n, hidden]."
     def __init__(self, cfg: VisionConfig, dtype=torch.bfloat16, device=None):
@@ -27,14 +27,14 @@ class PatchEmbed(nn.Module):
         x = x.view(-1, c.in_channels, c.temporal_patch_size, c.patch_size, c.patch_size)   # (n, C, T, P, P)
         return self.proj(x.to(self.proj.weight.dtype)).view(-1, c.hidden_size)
 
-# %% ../nbs/04_vision.ipynb #7d11d14a
+# %% ../nbs/04_vision.ipynb #02fb2ce3
 def _axis_taps(n: int, side: int):
     "Bilinear (align_corners=True) taps [n, 2] into a `side`-long axis and their fp32 weights, for `n` points."
     src = torch.arange(n, dtype=torch.float32) * (side - 1) / max(n - 1, 1)
     floor, off = src.floor(), torch.arange(2)
     return (floor.long()[:, None] + off).clamp(0, side - 1), (1 - (src[:, None] - floor[:, None] - off).abs()).clamp(min=0)
 
-# %% ../nbs/04_vision.ipynb #2021df25
+# %% ../nbs/04_vision.ipynb #bfea83c1
 def pos_interp(grid_thw, side: int, merge: int, device=None):
     "Rows of the flattened `side x side` position table and their bilinear weights, [n_patches, 4] each, in patch order."
     idx, wts = [], []
@@ -45,7 +45,7 @@ def pos_interp(grid_thw, side: int, merge: int, device=None):
         wts.append(order(hw[:, None, :, None] * ww[None, :, None, :]))
     return torch.cat(idx).to(device), torch.cat(wts).to(device)
 
-# %% ../nbs/04_vision.ipynb #d4e87d71
+# %% ../nbs/04_vision.ipynb #7a2b1381
 class Attention(nn.Module):
     "Multi-head self-attention within segments of lengths `lens`, with the 2-D rotary applied in fp32."
     def __init__(self, cfg: VisionConfig, dtype=torch.bfloat16, device=None):
@@ -62,7 +62,7 @@ class Attention(nn.Module):
         o = [F.scaled_dot_product_attention(*qkv, scale=self.scale) for qkv in zip(*(t.split(lens, 2) for t in (q, k, v)))]
         return self.proj(torch.cat(o, 2)[0].transpose(0, 1).reshape(s, -1))
 
-# %% ../nbs/04_vision.ipynb #78835423
+# %% ../nbs/04_vision.ipynb #7e508fbe
 _ACT = {"gelu_pytorch_tanh": partial(F.gelu, approximate="tanh"), "gelu": F.gelu}
 
 class MLP(nn.Module):
@@ -87,7 +87,7 @@ class Block(nn.Module):
         x = x + self.attn(self.norm1(x), lens, cos, sin)
         return x + self.mlp(self.norm2(x))
 
-# %% ../nbs/04_vision.ipynb #492e2410
+# %% ../nbs/04_vision.ipynb #21d12fac
 class PatchMerger(nn.Module):
     "LayerNorm, fuse merge² neighbouring patches into one vector, 2-layer GELU MLP to `out_hidden_size`."
     def __init__(self, cfg: VisionConfig, postshuffle_norm: bool = False, dtype=torch.bfloat16, device=None):
@@ -101,7 +101,7 @@ class PatchMerger(nn.Module):
         x = self.norm(x.view(-1, self.dim)) if self.postshuffle_norm else self.norm(x).view(-1, self.dim)   # (tokens, merge²·hidden)
         return self.linear_fc2(F.gelu(self.linear_fc1(x)))
 
-# %% ../nbs/04_vision.ipynb #9c8de59d
+# %% ../nbs/04_vision.ipynb #c06b6c72
 def _check_inputs(pixel_values: torch.Tensor, grid_thw, cfg: VisionConfig):
     "Raise if `pixel_values` and `grid_thw` do not describe the same patches."
     if pixel_values.ndim != 2 or pixel_values.shape[1] != cfg.patch_dim:
@@ -113,7 +113,7 @@ def _check_inputs(pixel_values: torch.Tensor, grid_thw, cfg: VisionConfig):
     if (n := sum(t * h * w for t, h, w in grids)) != len(pixel_values):
         raise ValueError(f"grid_thw describes {n} patches (sum of t·h·w) but pixel_values has {len(pixel_values)} rows")
 
-# %% ../nbs/04_vision.ipynb #c66354a5
+# %% ../nbs/04_vision.ipynb #898b11bd
 class VisionModel(nn.Module):
     "Qwen3-VL vision tower (HF parameter names): (pixel_values, grid_thw) -> (merged tokens, DeepStack features)."
     def __init__(self, cfg: VisionConfig, dtype=torch.bfloat16, device=None):
