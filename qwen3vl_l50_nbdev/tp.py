@@ -5,13 +5,14 @@
 # %% auto #0
 __all__ = ['REDUCE_MODES', 'divide', 'shard', 'VocabParallelEmbedding', 'ColumnParallelLinear', 'RowParallelLinear']
 
-# %% ../nbs/02_tp.ipynb #01d54809
+# %% ../nbs/02_tp.ipynb #09b03cbd
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-from .dist import Group
+import torch.distributed as dist
+from .dist import Group, encoder_group
 
-# %% ../nbs/02_tp.ipynb #a809b1e5
+# %% ../nbs/02_tp.ipynb #1c3f5a50
 def divide(n: int, d: int, what: str = "size") -> int:
     "`n // d`, or a `ValueError` naming `what` when `d` does not divide `n`."
     if d < 1 or n % d:
@@ -25,7 +26,7 @@ def shard(t: torch.Tensor, dim: int, rank: int, world: int, splits: list[int] | 
     pieces = [p.narrow(dim, rank * (n := divide(p.shape[dim], world, f"dim {dim} of size")), n) for p in parts]
     return pieces[0] if len(pieces) == 1 else torch.cat(pieces, dim)
 
-# %% ../nbs/02_tp.ipynb #0d475428
+# %% ../nbs/02_tp.ipynb #4e53f664
 class VocabParallelEmbedding(nn.Module):
     "Embedding table split by rows (vocabulary) over the group; output replicated."
     def __init__(self, num_embeddings: int, dim: int, group: Group | None = None, dtype=torch.bfloat16, device=None):
@@ -46,7 +47,7 @@ class VocabParallelEmbedding(nn.Module):
         "Copy this rank's rows from the full (unsharded) table."
         self.weight.data.copy_(shard(full_weight, 0, self.group.rank, self.group.size))
 
-# %% ../nbs/02_tp.ipynb #26ada4c1
+# %% ../nbs/02_tp.ipynb #cb31aaa1
 class ColumnParallelLinear(nn.Module):
     "A linear whose output features (one or more logical `splits`) are sharded over the group."
     def __init__(self, in_features: int, splits: list[int], group: Group | None = None, bias: bool = False,
@@ -68,7 +69,7 @@ class ColumnParallelLinear(nn.Module):
         off = sum(self.local_splits[:i])
         self.weight.data[off:off + self.local_splits[i]].copy_(shard(full_weight, 0, self.group.rank, self.group.size))
 
-# %% ../nbs/02_tp.ipynb #1f580179
+# %% ../nbs/02_tp.ipynb #f5b7749e
 REDUCE_MODES = ("bf16", "fp32", "fp32-partials")
 
 class RowParallelLinear(nn.Module):
@@ -94,7 +95,7 @@ class RowParallelLinear(nn.Module):
         "Copy this rank's columns from the full (unsharded) weight."
         self.weight.data.copy_(shard(full_weight, 1, self.group.rank, self.group.size))
 
-# %% ../nbs/02_tp.ipynb #a5c523a2
+# %% ../nbs/02_tp.ipynb #95e7995a
 def _check_primitives(seed: int = 0) -> dict:
     "On each rank of an initialised world: the TP layers against unsharded references; returns max |diff| per check."
     g = encoder_group()
@@ -116,7 +117,7 @@ def _check_primitives(seed: int = 0) -> dict:
         out[mode] = ((row(shard(h, 1, g.rank, g.size)).double() - ref).norm() / ref.norm()).item()
     return out
 
-# %% ../nbs/02_tp.ipynb #af0485b6
+# %% ../nbs/02_tp.ipynb #7701ae55
 def _reduce_error(K: int = 8192, N: int = 512, S: int = 64, outliers: int = 8, scale: float = 100.0, seed: int = 0) -> dict:
     "Relative L2 error of each reduce mode for a [S,K]x[K,N] row-parallel GEMM with `outliers` channels `scale`x the rest."
     g = encoder_group()
