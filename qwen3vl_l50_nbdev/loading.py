@@ -4,9 +4,9 @@
 
 # %% auto #0
 __all__ = ['NAME_MAP', 'SHARDING', 'map_name', 'source_name', 'make_tiny_checkpoint', 'hf_shapes', 'Entry', 'check_checkpoint',
-           'Sharded', 'load_checkpoint', 'unshard']
+           'Sharded', 'sharding_rule', 'param_splits', 'full_shape', 'load_checkpoint', 'unshard']
 
-# %% ../nbs/07_loading.ipynb #a38133b5
+# %% ../nbs/07_loading.ipynb #0ab7ff0d
 import json, re
 from collections import defaultdict
 from functools import lru_cache
@@ -19,7 +19,7 @@ from tqdm import tqdm
 from . import tp
 from .config import EncoderConfig
 
-# %% ../nbs/07_loading.ipynb #16cb75c6
+# %% ../nbs/07_loading.ipynb #59d84502
 NAME_MAP = [  # (checkpoint name, our parameter or None to skip, split of the fused parameter)
     ("lm_head.{rest}",                                          None,                                        None),
     ("model.language_model.norm.{rest}",                        None,                                        None),
@@ -33,7 +33,7 @@ NAME_MAP = [  # (checkpoint name, our parameter or None to skip, split of the fu
     ("model.visual.{rest}",                                     "vision.{rest}",                             None),
 ]
 
-# %% ../nbs/07_loading.ipynb #5e9bec8b
+# %% ../nbs/07_loading.ipynb #0cbb94ae
 @lru_cache(None)
 def _regex(template: str) -> re.Pattern:
     "`{i}` matches a layer number, any other `{name}` a dotted remainder; the rest is literal."
@@ -54,7 +54,7 @@ def source_name(param: str, split: int | None = None) -> str | None:
     for src, dst, s in NAME_MAP:
         if dst is not None and s == split and (m := _regex(dst).fullmatch(param)): return src.format(**m.groupdict())
 
-# %% ../nbs/07_loading.ipynb #7fe8e664
+# %% ../nbs/07_loading.ipynb #d2700770
 def make_tiny_checkpoint(dir, config: EncoderConfig, seed: int = 0, max_shard_size: int | str | None = None,
                          dtype: torch.dtype = torch.bfloat16) -> Path:
     "Write a random HF-format Qwen3-VL checkpoint for `config` (all its text layers) to `dir`, sharded at `max_shard_size`."
@@ -71,7 +71,7 @@ def make_tiny_checkpoint(dir, config: EncoderConfig, seed: int = 0, max_shard_si
         if bar: logging.enable_progress_bar()
     return Path(dir)
 
-# %% ../nbs/07_loading.ipynb #8f54cec9
+# %% ../nbs/07_loading.ipynb #fc7efacb
 @lru_cache(8)
 def hf_shapes(cfg: EncoderConfig) -> dict[str, tuple]:
     "Every checkpoint tensor's shape for `cfg` with the text cut at `selected_layer`: an HF model on the meta device."
@@ -81,7 +81,7 @@ def hf_shapes(cfg: EncoderConfig) -> dict[str, tuple]:
     with torch.device("meta"): model = Qwen3VLForConditionalGeneration(hf)
     return {k: tuple(v.shape) for k, v in model.state_dict().items()}
 
-# %% ../nbs/07_loading.ipynb #713fb14c
+# %% ../nbs/07_loading.ipynb #c25476e0
 class Entry(NamedTuple):
     "Where a checkpoint tensor is, and what the header says about it."
     file: Path
@@ -121,7 +121,7 @@ def _headers(files: list[Path]) -> dict[str, Entry]:
             raise ValueError(f"{f} is truncated or corrupt (safetensors: {e}): copy or download it again") from e
     return out
 
-# %% ../nbs/07_loading.ipynb #d2d8547b
+# %% ../nbs/07_loading.ipynb #95ffb405
 def _missing_message(missing: list[str], selected_layer: int) -> str:
     "Each missing checkpoint tensor, and the parameter (and fused split) it was to fill."
     def one(k):
@@ -150,7 +150,7 @@ def check_checkpoint(path, cfg: EncoderConfig) -> dict[str, Entry]:
         raise ValueError(f"{len(bad)} tensor(s) with the wrong shape: " + "; ".join(bad[:5]))
     return needed
 
-# %% ../nbs/07_loading.ipynb #e4e08412
+# %% ../nbs/07_loading.ipynb #f406599d
 class _Slice:
     "An unread checkpoint tensor: `narrow` (what `tp.shard` calls) reads only the rows or columns asked for."
     def __init__(self, sl, stats: dict): self.sl, self.stats, self.shape = sl, stats, torch.Size(sl.get_shape())
@@ -162,7 +162,7 @@ class _Slice:
         self.stats["tensors_read"] += 1; self.stats["bytes_read"] += t.nbytes
         return t
 
-# %% ../nbs/07_loading.ipynb #7ef007ed
+# %% ../nbs/07_loading.ipynb #c377b001
 class Sharded(NamedTuple):
     dim: int          # the dimension of the full weight that is split over the group
     load: Callable    # (module, split, full tensor) -> None: copy this rank's slice (of `split`, when fused)
@@ -173,15 +173,15 @@ SHARDING = {  # owning module type -> how its `weight` is sharded and filled; ev
     tp.VocabParallelEmbedding: Sharded(0, lambda m, split, t: m.load(t)),
 }
 
-# %% ../nbs/07_loading.ipynb #cd21c3b6
-def _rule(mod: nn.Module, leaf: str) -> Sharded | None:
+# %% ../nbs/07_loading.ipynb #7fc23f87
+def sharding_rule(mod: nn.Module, leaf: str) -> Sharded | None:
     "The `SHARDING` row for parameter `leaf` of `mod`, or None when it is replicated."
     for cls, rule in SHARDING.items():
         if isinstance(mod, cls):
             if leaf != "weight": raise NotImplementedError(f"{type(mod).__name__}.{leaf}: only the weights of TP layers are sharded")
             return rule
 
-def _splits(mod: nn.Module, leaf: str) -> list:
+def param_splits(mod: nn.Module, leaf: str) -> list:
     "The splits a parameter is filled from: each output split of a column-parallel weight, else one (None)."
     return list(range(len(mod.splits))) if isinstance(mod, tp.ColumnParallelLinear) and leaf == "weight" else [None]
 
@@ -190,19 +190,19 @@ def _part(mod: nn.Module, leaf: str, split: int | None) -> torch.Tensor:
     p = getattr(mod, leaf).data
     return p if split is None else p.split(mod.local_splits)[split]
 
-def _full_shape(mod: nn.Module, leaf: str, split: int | None) -> tuple:
+def full_shape(mod: nn.Module, leaf: str, split: int | None) -> tuple:
     "The shape of the checkpoint tensor that this parameter (split) is a slice of."
     s = list(_part(mod, leaf, split).shape)
-    if rule := _rule(mod, leaf): s[rule.dim] *= mod.group.size
+    if rule := sharding_rule(mod, leaf): s[rule.dim] *= mod.group.size
     return tuple(s)
 
-# %% ../nbs/07_loading.ipynb #aab1e7a8
+# %% ../nbs/07_loading.ipynb #cdc525ed
 def _check_complete(model: nn.Module, filled: dict):
     "Raise naming every parameter not filled, and for a fused one every missing source."
     modules, problems = dict(model.named_modules()), []
     for name, _ in model.named_parameters():
         owner, _, leaf = name.rpartition(".")
-        if missing := [s for s in _splits(modules[owner], leaf) if s not in filled[name]]:
+        if missing := [s for s in param_splits(modules[owner], leaf) if s not in filled[name]]:
             problems.append(name if missing == [None] else
                             f"{name} (fused: missing {', '.join(source_name(name, s) or f'split {s}' for s in missing)})")
     if problems:
@@ -223,25 +223,25 @@ def load_checkpoint(model: nn.Module, path, cfg: EncoderConfig, progress: bool =
                     dst, split = map_name(k, N)
                     if dst not in params: raise ValueError(f"checkpoint tensor {k} maps to {dst}, which the model does not have")
                     owner, _, leaf = dst.rpartition("."); mod = modules[owner]
-                    if (want := _full_shape(mod, leaf, split)) != entries[k].shape:
+                    if (want := full_shape(mod, leaf, split)) != entries[k].shape:
                         raise ValueError(f"{k} has shape {list(entries[k].shape)} but {dst}{'' if split is None else f' split {split}'} "
                                          f"is a slice of {list(want)}: was the model built from another config?")
                     t = _Slice(f.get_slice(k), stats)
-                    if rule := _rule(mod, leaf): rule.load(mod, split, t)
+                    if rule := sharding_rule(mod, leaf): rule.load(mod, split, t)
                     else: params[dst].copy_(t.read())
                     filled[dst].add(split)
     _check_complete(model, filled)
     return stats
 
-# %% ../nbs/07_loading.ipynb #d8fd3874
+# %% ../nbs/07_loading.ipynb #0ebe353c
 def unshard(models: list[nn.Module]) -> dict[str, torch.Tensor]:
     "The full checkpoint tensors (HF names) put back together from every rank's model, in group-rank order."
     out, modules = {}, [dict(m.named_modules()) for m in models]
     for name, _ in models[0].named_parameters():
         owner, _, leaf = name.rpartition(".")
         mods = [ms[owner] for ms in modules]
-        rule = _rule(mods[0], leaf)
-        for split in _splits(mods[0], leaf):
+        rule = sharding_rule(mods[0], leaf)
+        for split in param_splits(mods[0], leaf):
             parts = [_part(m, leaf, split) for m in mods]
             if rule is None and not all(torch.equal(parts[0], p) for p in parts[1:]):
                 raise ValueError(f"replicated parameter {name} differs between ranks")
