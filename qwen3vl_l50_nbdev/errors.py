@@ -8,7 +8,7 @@ __all__ = ['QUANTS', 'PROVENANCE', 'SWEEP_COLUMNS', 'small_config', 'random_weig
            'set_reduce_', 'references', 'reference_rows', 'measure', 'growth_plot', 'error_table', 'sweep', 'main',
            'data_dir', 'load_runs']
 
-# %% ../nbs/analysis/00_error_tools.ipynb #b4fcaac9
+# %% ../nbs/analysis/00_error_tools.ipynb #4f37b99c
 import argparse, contextlib, datetime, math, os, platform, shlex, subprocess, sys, time, zlib
 from pathlib import Path
 from typing import NamedTuple
@@ -22,15 +22,16 @@ from .tp import REDUCE_MODES, RowParallelLinear
 from .text import DecoderLayer
 from .loading import sharding_rule, param_splits, full_shape
 from .encoder import Encoder, synthetic_inputs
+from .metrics import diff_row
 from .fp8 import quantize_model_, Fp8RowParallelLinear, GRANULARITIES, ACT_MODES
 
-# %% ../nbs/analysis/00_error_tools.ipynb #dd8ce670
+# %% ../nbs/analysis/00_error_tools.ipynb #2ecd9f4a
 def small_config(layers: int = 12) -> EncoderConfig:
     "The CPU analysis config: `tiny()` widened to hidden 256, 8 heads and 8 kv heads of 32, MLP 512, `layers` layers."
     return tiny(layers, text=dict(hidden_size=256, intermediate_size=512, num_hidden_layers=layers,
                                   num_attention_heads=8, num_key_value_heads=8, head_dim=32, mrope_section=(4, 6, 6)))
 
-# %% ../nbs/analysis/00_error_tools.ipynb #d0ddc432
+# %% ../nbs/analysis/00_error_tools.ipynb #4e5cade6
 def _full_random(name: str, shape: tuple, seed: int, device) -> torch.Tensor:
     "The full tensor `name`: drawn on `device` from its own seed (run seed and name), rounded to bf16."
     g = torch.Generator(device).manual_seed(seed * 1_000_003 + zlib.crc32(name.encode()))
@@ -56,7 +57,7 @@ def random_weights_(model: nn.Module, seed: int = 0) -> nn.Module:
             else: p.copy_(full)
     return model
 
-# %% ../nbs/analysis/00_error_tools.ipynb #931c45bd
+# %% ../nbs/analysis/00_error_tools.ipynb #2acca07e
 @contextlib.contextmanager
 def layer_states(text: nn.Module, device=None, teacher: list | None = None):
     "Within the block, forwards of `text` append each layer's output (after DeepStack) to the list yielded; `teacher`: feed each layer the reference input."
@@ -81,7 +82,7 @@ def collect(enc: Encoder, prompts: dict, teacher: dict | None = None) -> dict[st
         out[name] = states
     return out
 
-# %% ../nbs/analysis/00_error_tools.ipynb #8585f930
+# %% ../nbs/analysis/00_error_tools.ipynb #17eb7599
 def make_prompts(cfg: EncoderConfig, seq: int = 160, kinds=("text", "image", "video"), seed: int = 0) -> dict[str, dict]:
     "`{kind: encode inputs}` of about `seq` tokens each: 'text', 'image' (one image) or 'video' (two temporal patches)."
     m, out = cfg.vision.spatial_merge_size, {}
@@ -97,20 +98,19 @@ def make_prompts(cfg: EncoderConfig, seq: int = 160, kinds=("text", "image", "vi
         else: raise ValueError(f"prompt kind {k!r}: choose from 'text', 'image', 'video'")
     return out
 
-# %% ../nbs/analysis/00_error_tools.ipynb #d558acd6
+# %% ../nbs/analysis/00_error_tools.ipynb #e5e2e362
 def layer_errors(states: list, refs: list, channels=()) -> list[dict]:
     "Per layer: `max_abs`, `rel_l2`, `cosine` (as `metrics.diff_row`, float64, on the states' device) and `rel_l2_rest`."
     out = []
     for x, r in zip(states, refs, strict=True):
-        a, b = x.double().flatten(0, -2), r.to(x.device).double().flatten(0, -2)   # (tokens, hidden)
-        d, rest = a - b, torch.ones(b.shape[-1], dtype=torch.bool, device=b.device)
+        rest = torch.ones(x.shape[-1], dtype=torch.bool, device=x.device)
         rest[list(channels)] = False
-        out.append(dict(max_abs=d.abs().max().item(), rel_l2=(d.norm() / b.norm()).item(),
-                        cosine=((a * b).sum() / (a.norm() * b.norm())).item(),
-                        rel_l2_rest=(d[:, rest].norm() / b[:, rest].norm()).item()))
+        row = diff_row(x, r)
+        out.append(dict(max_abs=row["max_abs"], rel_l2=row["rel_l2"], cosine=row["cosine"],
+                        rel_l2_rest=diff_row(x[..., rest], r.to(x.device)[..., rest])["rel_l2"]))
     return out
 
-# %% ../nbs/analysis/00_error_tools.ipynb #df6ec94e
+# %% ../nbs/analysis/00_error_tools.ipynb #1b63060b
 class Massive(NamedTuple):
     "Where the synthetic massive activations go: hidden `channels`, written `scale`x larger by every MLP."
     channels: tuple
@@ -136,7 +136,7 @@ def add_massive_activations_(model: nn.Module, channels, scale: float = 64.0) ->
         layer.post_attention_layernorm.weight[ch] /= scale
     return model
 
-# %% ../nbs/analysis/00_error_tools.ipynb #b694b373
+# %% ../nbs/analysis/00_error_tools.ipynb #6ca6e544
 def peak_ratio(x: torch.Tensor) -> float:
     "max |x| / median |x|: how far the largest activation stands out."
     a = x.detach().abs().float().flatten()
@@ -160,7 +160,7 @@ def _activation_stats(enc: Encoder, inputs: dict, channels=()) -> pd.DataFrame:
             for i, s in enumerate(states)}
     return pd.DataFrame(rows).T.rename_axis("layer")
 
-# %% ../nbs/analysis/00_error_tools.ipynb #8d6bfa83
+# %% ../nbs/analysis/00_error_tools.ipynb #482e8c05
 QUANTS = ("none",) + tuple(f"fp8-{g}-{a}" for g in GRANULARITIES for a in ACT_MODES)
 
 def build(cfg: EncoderConfig, group: Group | None = None, dtype=torch.bfloat16, device=None, seed: int = 0,
@@ -179,7 +179,7 @@ def set_reduce_(model: nn.Module, reduce: str) -> nn.Module:
         if isinstance(m, (RowParallelLinear, Fp8RowParallelLinear)): m.reduce = reduce
     return model
 
-# %% ../nbs/analysis/00_error_tools.ipynb #919a0d47
+# %% ../nbs/analysis/00_error_tools.ipynb #5b2c42ce
 @contextlib.contextmanager
 def _no_tf32():
     "fp32 matmuls and convolutions in full fp32 (cuDNN allows TF32 by default); restored on exit."
@@ -200,7 +200,7 @@ def references(cfg: EncoderConfig, prompts: dict, massive: Massive, variants=(Fa
                 del enc
     return out
 
-# %% ../nbs/analysis/00_error_tools.ipynb #15ed4a6a
+# %% ../nbs/analysis/00_error_tools.ipynb #dca43ec2
 def _rows(states: dict, refs: dict, massive: Massive, on: bool, **labels) -> list[dict]:
     "Rows of per-layer errors of `states` ({prompt: states}) against every reference in `refs` for massive=`on`."
     rows = []
@@ -219,7 +219,7 @@ def reference_rows(refs: dict, massive: Massive) -> pd.DataFrame:
                            dtype="float32", kind="accumulated")]
     return pd.DataFrame(rows)
 
-# %% ../nbs/analysis/00_error_tools.ipynb #210e3d6d
+# %% ../nbs/analysis/00_error_tools.ipynb #8ec5ef3a
 def measure(cfg: EncoderConfig, prompts: dict, refs: dict | None, tp: int = 1, reduces=REDUCE_MODES, quants=("none",),
             massive: Massive | None = None, variants=(False, True), seed: int = 0, device=None,
             quant_reduces=("fp32",)) -> pd.DataFrame | None:
@@ -241,7 +241,7 @@ def measure(cfg: EncoderConfig, prompts: dict, refs: dict | None, tp: int = 1, r
             del enc
     return pd.DataFrame(rows) if group.rank == 0 else None
 
-# %% ../nbs/analysis/00_error_tools.ipynb #23a3d12c
+# %% ../nbs/analysis/00_error_tools.ipynb #2be94599
 def _pick(df: pd.DataFrame, kind: str, ref: str) -> pd.DataFrame:
     return df[(df["ref"] == ref) & (df["dtype"] == "bfloat16") & (df["kind"] == kind)]
 
@@ -281,7 +281,7 @@ def error_table(df: pd.DataFrame, kind: str = "accumulated", ref: str = "float32
     base = d.xs((1, "none", "none"), level=["tp", "reduce", "quant"])["rel_l2"]   # each file has its own TP-1 run
     return d.assign(x_bf16=d["rel_l2"] / base.reindex(d.index.droplevel(["tp", "reduce", "quant"])).values).sort_index()
 
-# %% ../nbs/analysis/00_error_tools.ipynb #471fcd39
+# %% ../nbs/analysis/00_error_tools.ipynb #d3cac456
 def _meta(device, commit: str | None) -> dict:
     "Where a run came from: device, UTC date, git commit, torch version, command."
     dev = torch.device(device)
@@ -316,7 +316,7 @@ def _parser() -> argparse.ArgumentParser:
     a("--commit", default=None, help="git commit to record (default: git rev-parse, if git is there)")
     return p
 
-# %% ../nbs/analysis/00_error_tools.ipynb #e58a218c
+# %% ../nbs/analysis/00_error_tools.ipynb #de0e24b0
 def _init_world(kind: str) -> torch.device:
     "Join torchrun's world if there is one (NCCL on CUDA, else gloo); this rank's device."
     device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0))) if kind == "cuda" else torch.device("cpu")
@@ -354,7 +354,7 @@ def sweep(cfg, prompts, tps, reduces, quants, quant_reduces, variants, massive, 
         if device.type == "cuda" and rank == 0: say(f"peak GPU memory on rank 0: {torch.cuda.max_memory_allocated(device) / 2**30:.1f} GiB")
     return pd.concat(frames, ignore_index=True) if rank == 0 else None
 
-# %% ../nbs/analysis/00_error_tools.ipynb #c651c69d
+# %% ../nbs/analysis/00_error_tools.ipynb #1c439014
 def main(argv=None) -> int:
     "Entry point: `[torchrun --nproc_per_node N] python -m qwen3vl_l50_nbdev.errors [--full] ...`; rank 0 writes the CSV."
     a = _parser().parse_args(argv)
@@ -387,11 +387,11 @@ def main(argv=None) -> int:
         if dist.is_initialized(): dist.destroy_process_group()
     return 0
 
-# %% ../nbs/analysis/00_error_tools.ipynb #f6e3284d
+# %% ../nbs/analysis/00_error_tools.ipynb #bf2faf13
 #| eval: false
 if __name__ == "__main__" and "__file__" in globals(): sys.exit(main())   # `python -m`, not a notebook kernel
 
-# %% ../nbs/analysis/00_error_tools.ipynb #6c621ae5
+# %% ../nbs/analysis/00_error_tools.ipynb #22d58035
 PROVENANCE = ["device", "date", "commit", "torch", "config", "layers", "seq", "command"]
 
 def data_dir(start=None) -> Path:

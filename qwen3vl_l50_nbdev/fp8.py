@@ -6,7 +6,7 @@
 __all__ = ['FP8', 'FP8_MAX', 'GRANULARITIES', 'ACT_MODES', 'FP8_LAYERS', 'check_fp8_modes', 'quantize_weight', 'quantize_act',
            'scaled_mm', 'fp8_linear', 'Fp8ColumnParallelLinear', 'Fp8RowParallelLinear', 'quantize_model_', 'bench_fp8']
 
-# %% ../nbs/09_fp8.ipynb #ce45e396
+# %% ../nbs/09_fp8.ipynb #7487e49f
 import gc, functools, warnings
 import torch
 import torch.nn as nn
@@ -18,7 +18,7 @@ from .tp import ColumnParallelLinear, RowParallelLinear, shard
 from .text import TP_PLAN, DecoderLayer, TextModel
 from .metrics import diff_row
 
-# %% ../nbs/09_fp8.ipynb #143f271b
+# %% ../nbs/09_fp8.ipynb #4f88c612
 FP8 = torch.float8_e4m3fn
 FP8_MAX = torch.finfo(FP8).max         # 448
 GRANULARITIES = ("channel", "tensor")  # weight scales: one per output channel, or one per (fused) weight
@@ -44,7 +44,7 @@ def check_fp8_modes(granularity: str, act: str):
     if granularity not in GRANULARITIES: raise ValueError(f"granularity={granularity!r}: choose one of {GRANULARITIES}")
     if act not in ACT_MODES: raise ValueError(f"act={act!r}: choose one of {ACT_MODES}")
 
-# %% ../nbs/09_fp8.ipynb #a8b5be8a
+# %% ../nbs/09_fp8.ipynb #003dda2f
 def quantize_weight(w: torch.Tensor,           # [N, K] (bf16 or fp32) weight, or this rank's shard of it
                     granularity: str = "channel", # "channel": a scale per output row; "tensor": one scale
                     group: Group | None = None,   # take the amax's maximum over these ranks (the shards of one weight)
@@ -60,7 +60,7 @@ def quantize_act(x: torch.Tensor,      # [M, K] activations
     check_fp8_modes("channel", act)
     return _to_fp8(x, _amax(x, act == "token"))
 
-# %% ../nbs/09_fp8.ipynb #3455483f
+# %% ../nbs/09_fp8.ipynb #dd84c8af
 def scaled_mm(a: torch.Tensor,        # [M, K] e4m3, row-major
               a_scale: torch.Tensor,  # fp32, 0-d or [M, 1]
               w: torch.Tensor,        # [N, K] e4m3 (a linear's weight layout)
@@ -92,14 +92,14 @@ def _padded_mm(a, sa, w, sb, out_dtype):
     sb = F.pad(sb, (0, pn), value=1.0) if sb.ndim else sb
     return torch._scaled_mm(pad(a, (0, pk)), pad(w, (0, pk, 0, pn)).t(), sa, sb, out_dtype=out_dtype)[:, :N]
 
-# %% ../nbs/09_fp8.ipynb #a8684b4f
+# %% ../nbs/09_fp8.ipynb #4df7388e
 def fp8_linear(x: torch.Tensor, w: torch.Tensor, w_scale: torch.Tensor, act: str = "token",
                out_dtype: torch.dtype | None = None) -> torch.Tensor:
     "`x @ wᵀ` for an e4m3 weight `w` [N, K] and its scale; `x` [..., K] is quantized on the fly per `act`."
     xq, xs = quantize_act(x.reshape(-1, x.shape[-1]), act)
     return scaled_mm(xq, xs, w, w_scale, out_dtype or x.dtype).view(*x.shape[:-1], w.shape[0])
 
-# %% ../nbs/09_fp8.ipynb #19dd4b53
+# %% ../nbs/09_fp8.ipynb #acaf8b6b
 class Fp8ColumnParallelLinear(nn.Module):
     "An FP8 copy of a loaded `tp.ColumnParallelLinear`: same group and splits, one fused GEMM, output split."
     def __init__(self, lin: ColumnParallelLinear, granularity: str = "channel", act: str = "token"):
@@ -118,7 +118,7 @@ class Fp8ColumnParallelLinear(nn.Module):
 
     def extra_repr(self): return f"splits={self.splits}, tp={self.group.size}, granularity={self.granularity}, act={self.act}"
 
-# %% ../nbs/09_fp8.ipynb #d655e50a
+# %% ../nbs/09_fp8.ipynb #56940e42
 class Fp8RowParallelLinear(nn.Module):
     "An FP8 copy of a loaded `tp.RowParallelLinear`: e4m3 column shard, scales of the full rows, partials all-reduced."
     def __init__(self, lin: RowParallelLinear, granularity: str = "channel", act: str = "token"):
@@ -137,7 +137,7 @@ class Fp8RowParallelLinear(nn.Module):
 
     def extra_repr(self): return f"tp={self.group.size}, reduce={self.reduce}, granularity={self.granularity}, act={self.act}"
 
-# %% ../nbs/09_fp8.ipynb #c3493c26
+# %% ../nbs/09_fp8.ipynb #064e6688
 def _check_tp_layers(granularity: str = "channel", act: str = "token", seed: int = 0) -> dict:
     "On each rank: FP8 column/row layers of the group vs the unsharded FP8 layers; exactness flags and rel L2 to fp64."
     g = encoder_group()
@@ -162,7 +162,7 @@ def _check_tp_layers(granularity: str = "channel", act: str = "token", seed: int
                 col_out=all(same(o, sl(o1, -1)) for o, o1 in zip(col(x), col1(x))),
                 row_rel_l2=diff_row(y, ref)["rel_l2"], row_rel_l2_tp1=diff_row(y1, ref)["rel_l2"], row_out=y)
 
-# %% ../nbs/09_fp8.ipynb #b43ed90b
+# %% ../nbs/09_fp8.ipynb #c765e43e
 FP8_LAYERS = {"column": Fp8ColumnParallelLinear, "row": Fp8RowParallelLinear}   # TP_PLAN's style -> its FP8 layer
 
 def quantize_model_(model: nn.Module, granularity: str = "channel", act: str = "token") -> nn.Module:
@@ -179,7 +179,7 @@ def quantize_model_(model: nn.Module, granularity: str = "channel", act: str = "
             del old
     return model
 
-# %% ../nbs/09_fp8.ipynb #64b46be5
+# %% ../nbs/09_fp8.ipynb #ba6e1a32
 def _random_init_(model: nn.Module, seed: int = 0) -> nn.Module:
     "Fill every parameter in place, on its device: norm weights 1, matrices N(0, 1/fan_in) (for a TP=1 model)."
     dev = next(model.parameters()).device
@@ -200,7 +200,7 @@ def _cuda_ms(fn, iters: int, warmup: int) -> float:
         times.append(start.elapsed_time(end))
     return sorted(times)[len(times) // 2]
 
-# %% ../nbs/09_fp8.ipynb #b097eff4
+# %% ../nbs/09_fp8.ipynb #5f2b86fe
 def _layer_states(model: TextModel, x: torch.Tensor, pos: torch.Tensor, fp32: bool = False) -> list[torch.Tensor]:
     "Each decoder layer's output; `fp32`: each (bf16) layer run in fp32, cast there and back one at a time (exact)."
     cos, sin = model.rotary(pos, torch.float32 if fp32 else x.dtype)
@@ -211,9 +211,7 @@ def _layer_states(model: TextModel, x: torch.Tensor, pos: torch.Tensor, fp32: bo
         out.append(h)
     return out
 
-def _rel_l2(x: torch.Tensor, ref: torch.Tensor) -> float: return ((x.double() - ref.double()).norm() / ref.double().norm()).item()
-
-# %% ../nbs/09_fp8.ipynb #5ff2eba0
+# %% ../nbs/09_fp8.ipynb #986afb4c
 def bench_fp8(seq: int = 2048, layers: int = 50, granularity: str = "channel", act: str = "token", compile: bool = False,
               device: str = "cuda", iters: int = 5, warmup: int = 2, seed: int = 0) -> dict:
     "32B-dimension text decoder cut at `layers`, random weights on `device`: weight GiB, ms per forward and errors, bf16 vs FP8."
@@ -230,6 +228,7 @@ def bench_fp8(seq: int = 2048, layers: int = 50, granularity: str = "channel", a
     if compile:   # each decoder layer through torch.compile, bf16 and FP8 alike (one graph serves every layer)
         for layer in model.layers: layer.compile()
     run = lambda: model(x, pos)
+    _rel = lambda x, r: diff_row(x, r)["rel_l2"]
     with torch.inference_mode():
         ms_bf16, ref, bf16 = _cuda_ms(run, iters, warmup), _layer_states(model, x, pos, fp32=True), _layer_states(model, x, pos)
         torch.cuda.synchronize(dev); before = torch.cuda.memory_allocated(dev); torch.cuda.reset_peak_memory_stats(dev)
@@ -240,9 +239,9 @@ def bench_fp8(seq: int = 2048, layers: int = 50, granularity: str = "channel", a
     del model; torch._dynamo.reset()
     return dict(seq=seq, layers=layers, granularity=granularity, act=act, compile=compile, gib_bf16=mem_bf16 * gib,
                 gib_fp8=mem_fp8 * gib, mem_ratio=mem_fp8 / mem_bf16, peak_gib_quantizing=peak * gib, ms_bf16=ms_bf16,
-                ms_fp8=ms_fp8, speedup=ms_bf16 / ms_fp8, rel_l2_fp8_vs_bf16=_rel_l2(fp8[-1], bf16[-1]),
-                cosine_fp8_vs_bf16=diff_row(fp8[-1], bf16[-1])["cosine"], rel_l2_fp8_vs_fp32=_rel_l2(fp8[-1], ref[-1]),
-                rel_l2_bf16_vs_fp32=_rel_l2(bf16[-1], ref[-1]), cosine_fp8_vs_fp32=diff_row(fp8[-1], ref[-1])["cosine"],
-                per_layer_fp8_vs_fp32=[_rel_l2(o, r) for o, r in zip(fp8, ref)],
-                per_layer_bf16_vs_fp32=[_rel_l2(o, r) for o, r in zip(bf16, ref)],
+                ms_fp8=ms_fp8, speedup=ms_bf16 / ms_fp8, rel_l2_fp8_vs_bf16=_rel(fp8[-1], bf16[-1]),
+                cosine_fp8_vs_bf16=diff_row(fp8[-1], bf16[-1])["cosine"], rel_l2_fp8_vs_fp32=_rel(fp8[-1], ref[-1]),
+                rel_l2_bf16_vs_fp32=_rel(bf16[-1], ref[-1]), cosine_fp8_vs_fp32=diff_row(fp8[-1], ref[-1])["cosine"],
+                per_layer_fp8_vs_fp32=[_rel(o, r) for o, r in zip(fp8, ref)],
+                per_layer_bf16_vs_fp32=[_rel(o, r) for o, r in zip(bf16, ref)],
                 device=torch.cuda.get_device_name(dev), torch=torch.__version__)

@@ -5,17 +5,18 @@
 # %% auto #0
 __all__ = ['diff_row', 'diff_table']
 
-# %% ../nbs/00a_metrics.ipynb #1e6d9f41
+# %% ../nbs/00a_metrics.ipynb #dcf6e9b8
 import torch
 import pandas as pd
 
-# %% ../nbs/00a_metrics.ipynb #394f4a71
+# %% ../nbs/00a_metrics.ipynb #24bdcb3b
 def diff_row(x: torch.Tensor, ref: torch.Tensor) -> dict:
-    "max |x-ref|, relative L2 and cosine (float64), and whether `x` and `ref` are bitwise equal."
+    "max |x-ref|, relative L2 and cosine (float64, on `x`'s device), and whether `x` and `ref` are bitwise equal."
     if x.shape != ref.shape: raise ValueError(f"shape mismatch: {tuple(x.shape)} vs reference {tuple(ref.shape)}")
-    a, b = x.detach().double().flatten().cpu(), ref.detach().double().flatten().cpu()
+    x, ref = x.detach(), ref.detach().to(x.device)   # computed where `x` lives: no host copy of GPU tensors
+    a, b = x.double().flatten(), ref.double().flatten()
     d = a - b
-    return dict(bitwise=x.dtype == ref.dtype and torch.equal(x.detach().cpu(), ref.detach().cpu()),
+    return dict(bitwise=x.dtype == ref.dtype and torch.equal(x, ref),
                 max_abs=d.abs().max().item() if d.numel() else 0.0,
                 rel_l2=(d.norm() / b.norm()).item() if b.norm() > 0 else d.norm().item(),
                 cosine=(a @ b / (a.norm() * b.norm())).item() if a.norm() * b.norm() > 0 else float(torch.equal(a, b)))
