@@ -68,8 +68,9 @@ def check_inputs(cfg: EncoderConfig, input_ids, pixel_values=None, image_grid_th
         f"input_ids must be a 1-D tensor of token ids, got {getattr(ids, 'shape', type(ids).__name__)}: pass one prompt, unbatched")
     if ids.is_floating_point() or ids.is_complex() or ids.dtype == torch.bool: raise ValueError(f"input_ids must be integer, got {ids.dtype}")
     if ids.numel() == 0: raise ValueError("input_ids is empty")
-    if (lo := int(ids.min())) < 0 or (hi := int(ids.max())) >= cfg.text.vocab_size:
-        raise ValueError(f"input_ids must be in [0, {cfg.text.vocab_size}) (the vocabulary), got min {lo}, max {int(ids.max())}")
+    lo, hi = int(ids.min()), int(ids.max())
+    if lo < 0 or hi >= cfg.text.vocab_size:
+        raise ValueError(f"input_ids must be in [0, {cfg.text.vocab_size}) (the vocabulary), got min {lo}, max {hi}")
     _check_visual(cfg, ids, pixel_values, image_grid_thw, "image", cfg.image_token_id)
     _check_visual(cfg, ids, pixel_values_videos, video_grid_thw, "video", cfg.video_token_id)
 

@@ -17,7 +17,7 @@ import torch.nn as nn
 import torch.distributed as dist
 import pandas as pd
 from .config import EncoderConfig, tiny, qwen3vl_32b
-from .dist import Group, encoder_group
+from .dist import Group, encoder_group, init_world
 from .tp import REDUCE_MODES, RowParallelLinear
 from .text import DecoderLayer
 from .loading import sharding_rule, param_splits, full_shape
@@ -317,15 +317,6 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 # %% ../nbs/analysis/00_error_tools.ipynb #de0e24b0
-def _init_world(kind: str) -> torch.device:
-    "Join torchrun's world if there is one (NCCL on CUDA, else gloo); this rank's device."
-    device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0))) if kind == "cuda" else torch.device("cpu")
-    if kind == "cuda": torch.cuda.set_device(device)
-    if "WORLD_SIZE" in os.environ and not dist.is_initialized():
-        dist.init_process_group("nccl" if kind == "cuda" else "gloo", timeout=datetime.timedelta(hours=1),
-                                device_id=device if kind == "cuda" else None)
-    return device
-
 def _share_references(refs: dict | None, cfg: EncoderConfig, prompts: dict, variants, device) -> dict:
     "Rank 0's fp32 reference states on every rank (the teacher of the local errors), by broadcast."
     if not dist.is_initialized() or dist.get_world_size() == 1: return refs
@@ -360,7 +351,7 @@ def main(argv=None) -> int:
     a = _parser().parse_args(argv)
     kind = a.device or ("cuda" if a.full else "cpu")
     if kind == "cuda" and not torch.cuda.is_available(): raise SystemExit("no CUDA device: --full needs GPUs (or --device cpu for a dry run)")
-    device = _init_world(kind)
+    device = init_world(kind, timeout_s=3600)   # an hour: rank 0 computes the references while the others wait
     try:
         world = dist.get_world_size() if dist.is_initialized() else 1
         layers = a.layers or (50 if a.full else 12)

@@ -84,7 +84,7 @@ def _cpu_rowwise() -> bool:
 
 def _padded_mm(a, sa, w, sb, out_dtype):
     "CUDA needs K and N multiples of 16: zero-pad both (exact), multiply, cut the padding off."
-    (M, K), N = a.shape, w.shape[0]
+    K, N = a.shape[1], w.shape[0]
     pk, pn = -K % 16, -N % 16
     warnings.warn(f"FP8 GEMM on CUDA needs K and N multiples of 16, got K={K}, N={N}: padding the operands with zeros "
                   f"on every call (a copy of the weight each time); use sizes that are multiples of 16 to avoid it")
@@ -237,11 +237,12 @@ def bench_fp8(seq: int = 2048, layers: int = 50, granularity: str = "channel", a
         mem_fp8, peak = (mem_bf16 + torch.cuda.memory_allocated(dev) - before, mem_bf16 + torch.cuda.max_memory_allocated(dev) - before)
         ms_fp8, fp8 = _cuda_ms(run, iters, warmup), _layer_states(model, x, pos)
     del model; torch._dynamo.reset()
+    vs_bf16, vs_fp32 = diff_row(fp8[-1], bf16[-1]), diff_row(fp8[-1], ref[-1])
     return dict(seq=seq, layers=layers, granularity=granularity, act=act, compile=compile, gib_bf16=mem_bf16 * gib,
                 gib_fp8=mem_fp8 * gib, mem_ratio=mem_fp8 / mem_bf16, peak_gib_quantizing=peak * gib, ms_bf16=ms_bf16,
-                ms_fp8=ms_fp8, speedup=ms_bf16 / ms_fp8, rel_l2_fp8_vs_bf16=_rel(fp8[-1], bf16[-1]),
-                cosine_fp8_vs_bf16=diff_row(fp8[-1], bf16[-1])["cosine"], rel_l2_fp8_vs_fp32=_rel(fp8[-1], ref[-1]),
-                rel_l2_bf16_vs_fp32=_rel(bf16[-1], ref[-1]), cosine_fp8_vs_fp32=diff_row(fp8[-1], ref[-1])["cosine"],
+                ms_fp8=ms_fp8, speedup=ms_bf16 / ms_fp8, rel_l2_fp8_vs_bf16=vs_bf16["rel_l2"],
+                cosine_fp8_vs_bf16=vs_bf16["cosine"], rel_l2_fp8_vs_fp32=vs_fp32["rel_l2"],
+                rel_l2_bf16_vs_fp32=_rel(bf16[-1], ref[-1]), cosine_fp8_vs_fp32=vs_fp32["cosine"],
                 per_layer_fp8_vs_fp32=[_rel(o, r) for o, r in zip(fp8, ref)],
                 per_layer_bf16_vs_fp32=[_rel(o, r) for o, r in zip(bf16, ref)],
                 device=torch.cuda.get_device_name(dev), torch=torch.__version__)

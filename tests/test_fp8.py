@@ -4,13 +4,13 @@ import pytest, torch
 import torch.nn as nn
 from safetensors.torch import load_file, save_file
 from qwen3vl_l50_nbdev.config import tiny
-from qwen3vl_l50_nbdev.dist import Group, encoder_group, spawn
-from qwen3vl_l50_nbdev.tp import ColumnParallelLinear, RowParallelLinear, REDUCE_MODES, shard
+from qwen3vl_l50_nbdev.dist import encoder_group, spawn
+from qwen3vl_l50_nbdev.tp import ColumnParallelLinear, RowParallelLinear, REDUCE_MODES
 from qwen3vl_l50_nbdev.text import TextModel, TP_PLAN
 from qwen3vl_l50_nbdev.metrics import diff_row
 from qwen3vl_l50_nbdev.fp8 import (FP8, GRANULARITIES, ACT_MODES, quantize_weight, quantize_act, scaled_mm, fp8_linear,
-                                   Fp8ColumnParallelLinear, Fp8RowParallelLinear, quantize_model_, _check_tp_layers,
-                                   _random_init_)
+                                   Fp8ColumnParallelLinear, Fp8RowParallelLinear, quantize_model_, _check_tp_layers)
+from qwen3vl_l50_nbdev.errors import random_weights_
 
 
 def _dq(q, s): return q.float() * s
@@ -97,23 +97,8 @@ def test_tp2_layers_on_gloo(granularity, act):
 
 
 def _model(group=None, dtype=torch.bfloat16, seed=0):
-    "A tiny TextModel with the same full weights at any TP size: drawn at tp=1, then sharded."
-    torch.manual_seed(seed)
-    full = _random_init_(TextModel(tiny().text, 3, dtype=torch.bfloat16), seed)
-    m = TextModel(tiny().text, 3, group, dtype=dtype)
-    if m.embed_tokens.group.size == 1:
-        m.load_state_dict(full.state_dict()); return m
-    g = m.embed_tokens.group
-    for lf, lm in zip(full.layers, m.layers):
-        for name, (style, _) in TP_PLAN.items():
-            src, dst = lf.get_submodule(name), lm.get_submodule(name)
-            if style == "column":
-                for i, w in enumerate(src.weight.data.split(src.local_splits)): dst.load_split(i, w)
-            else: dst.load(src.weight.data)
-        for n, p in lm.named_parameters():
-            if "norm" in n: p.data.copy_(lf.get_parameter(n))
-    m.embed_tokens.weight.data.copy_(shard(full.embed_tokens.weight.data, 0, g.rank, g.size))
-    return m
+    "A tiny TextModel with the same full (bf16-valued) weights at any TP size: each rank holds its slice of them."
+    return random_weights_(TextModel(tiny().text, 3, group, dtype=dtype), seed)
 
 
 def _inputs(seq=24):

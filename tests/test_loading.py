@@ -6,7 +6,7 @@ import torch.nn as nn
 from safetensors.torch import load_file, save_file
 from qwen3vl_l50_nbdev.config import tiny, bytes_per_rank
 from qwen3vl_l50_nbdev.dist import Group, spawn, encoder_group
-from qwen3vl_l50_nbdev.loading import (NAME_MAP, map_name, source_name, make_tiny_checkpoint, check_checkpoint,
+from qwen3vl_l50_nbdev.loading import (map_name, source_name, make_tiny_checkpoint, check_checkpoint,
                                        load_checkpoint, unshard, hf_shapes)
 from qwen3vl_l50_nbdev.text import TextModel
 from qwen3vl_l50_nbdev.vision import VisionModel
