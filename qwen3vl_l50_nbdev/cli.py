@@ -15,8 +15,8 @@ from .dist import init_world
 from .metrics import diff_table
 from .tp import REDUCE_MODES
 from .fp8 import GRANULARITIES, ACT_MODES
-from .loading import make_tiny_checkpoint
-from .encoder import Encoder, synthetic_inputs, hf_reference
+from .encoder import Encoder
+from .testing import make_tiny_checkpoint, synthetic_inputs, hf_reference
 
 # %% ../nbs/12_cli.ipynb #5309277a
 def is_rank0() -> bool: return not dist.is_initialized() or dist.get_rank() == 0

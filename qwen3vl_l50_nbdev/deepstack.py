@@ -8,7 +8,6 @@ __all__ = ['placeholder_masks', 'scatter_visual', 'merge_deepstack', 'inject']
 # %% ../nbs/06_deepstack.ipynb #0d882819
 import torch
 from .config import EncoderConfig
-from .text import inject
 
 # %% ../nbs/06_deepstack.ipynb #77d584ea
 def placeholder_masks(input_ids: torch.Tensor, cfg: EncoderConfig) -> tuple[torch.Tensor, torch.Tensor]:
@@ -49,4 +48,6 @@ def merge_deepstack(image_mask: torch.Tensor, video_mask: torch.Tensor, image_fe
     return visual, merged
 
 # %% ../nbs/06_deepstack.ipynb #34b517fc
-_all_ = ["inject"]
+def inject(h: torch.Tensor, mask: torch.Tensor, feature: torch.Tensor) -> torch.Tensor:
+    "DeepStack: a copy of `h` [seq, H] with `feature` [mask.sum(), H] added at the rows where `mask` [seq] is True."
+    return h.index_put((mask,), h[mask] + feature.to(h.device, h.dtype))

@@ -12,6 +12,8 @@ import torch
 import torch.distributed as dist
 
 # %% ../nbs/01_dist.ipynb #772c4935
+_OPS = {"sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX}
+
 @dataclass(frozen=True)
 class Group:
     "A tensor-parallel group: member ranks of the world, this process's place in it, and collectives."
@@ -38,26 +40,24 @@ class Group:
             raise RuntimeError(f"rank {self.global_rank} is not a member of the encoder group {list(self.ranks)}: "
                                f"only member ranks may call {op}")
 
-# %% ../nbs/01_dist.ipynb #00bd1cbf
-def _all_reduce(self: Group, x: torch.Tensor, dtype: torch.dtype | None = None) -> torch.Tensor:
-    "Sum `x` over the group, accumulating in `dtype` (default `x.dtype`); returns a new tensor in `x.dtype`."
-    self._check("all_reduce")
-    y = x.to(dtype or x.dtype, copy=True)
-    if self.size > 1: dist.all_reduce(y, group=self.pg)
-    return y.to(x.dtype)
+    def all_reduce(self, x: torch.Tensor, dtype: torch.dtype | None = None, op: str = "sum") -> torch.Tensor:
+        "`op` (`'sum'` or `'max'`) of `x` over the group, accumulated in `dtype` (default `x.dtype`); a new tensor in `x.dtype`."
+        self._check("all_reduce")
+        if op not in _OPS: raise ValueError(f"op={op!r}: choose one of {list(_OPS)}")
+        y = x.to(dtype or x.dtype, copy=True)
+        if self.size > 1: dist.all_reduce(y, _OPS[op], group=self.pg)
+        return y.to(x.dtype)
 
-def _broadcast(self: Group, x: torch.Tensor, src: int = 0) -> torch.Tensor:
-    "`x` from group rank `src` on every member (in place; returns `x`)."
-    self._check("broadcast")
-    if self.size > 1: dist.broadcast(x, self.ranks[src], group=self.pg)
-    return x
+    def broadcast(self, x: torch.Tensor, src: int = 0) -> torch.Tensor:
+        "`x` from group rank `src` on every member (in place; returns `x`)."
+        self._check("broadcast")
+        if self.size > 1: dist.broadcast(x, self.ranks[src], group=self.pg)
+        return x
 
-def _barrier(self: Group):
-    "Wait for every member."
-    self._check("barrier")
-    if self.size > 1: dist.barrier(group=self.pg)
-
-Group.all_reduce, Group.broadcast, Group.barrier = _all_reduce, _broadcast, _barrier
+    def barrier(self):
+        "Wait for every member."
+        self._check("barrier")
+        if self.size > 1: dist.barrier(group=self.pg)
 
 # %% ../nbs/01_dist.ipynb #cf7eef40
 def encoder_group(tp: int | None = None, tiled: bool = False) -> Group:
