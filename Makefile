@@ -3,7 +3,7 @@ SHELL := /bin/bash
 VENV ?= .venv
 ACT := source $(VENV)/bin/activate
 
-.PHONY: install demo test check-sync readme nbtest pytest docs clean
+.PHONY: install demo test check-sync lint readme nbtest pytest docs clean
 
 $(VENV)/.installed: setup.py settings.ini
 	python3 -m venv $(VENV)
@@ -30,6 +30,9 @@ check-sync: install   # the notebooks are the source: exporting, cleaning and th
 	$(ACT) && nbdev_export && nbdev_clean && python docs/readme.py
 	@test -z "$$(git status --porcelain -- qwen3vl_l50_nbdev nbs README.md)" || { git status --short -- qwen3vl_l50_nbdev nbs README.md; echo "notebooks, qwen3vl_l50_nbdev/ and README.md are out of sync or not clean: run nbdev_export && nbdev_clean && make readme"; exit 1; }
 
+lint: install   # ruff on the sources (the notebooks, not their exports), tests and docs scripts: pyproject.toml's rules
+	$(ACT) && ruff check nbs tests docs
+
 nbtest: install
 	$(ACT) && nbdev_test --n_workers 2 --timing
 
@@ -39,7 +42,7 @@ pytest: install
 	    if ls tests/test_*.py >/dev/null 2>&1; then echo "pytest collected no tests but tests/ has test files"; exit 1; \
 	    else echo "no tests in tests/"; exit 0; fi; fi; exit $$rc; }
 
-test: check-sync nbtest docs pytest
+test: check-sync lint nbtest docs pytest
 
 clean:
 	rm -rf $(VENV) docs/_site docs/_build _proc

@@ -11,7 +11,17 @@
    the anchors nbdev links to (`tp.html#shard`), and links to `doc_host` or to notebooks become relative links.
 4. `sphinx-build` with docs/conf.py renders docs/_build/src into docs/_site (furo theme, Sphinx's offline search).
 """
-import argparse, importlib, json, os, posixpath, re, shutil, subprocess, sys, time, warnings
+import argparse
+import importlib
+import json
+import os
+import posixpath
+import re
+import shutil
+import subprocess
+import sys
+import time
+import warnings
 from concurrent.futures import ProcessPoolExecutor
 from multiprocessing import get_context
 from pathlib import Path
@@ -73,7 +83,8 @@ def _procs():
                 if sd or cell.directives_.keys() & {"export", "exports", "exec_doc"}: raise
                 self.k.exc = None
                 first = cell.source.strip().splitlines()[0][:60]
-                self.nb.docs_warnings_.append(f"cell {cell.idx_} ({first!r}...) failed with {type(e.__cause__ or e).__name__} "
+                self.nb.docs_warnings_.append(f"cell {cell.idx_} ({first!r}...) failed with "
+                                              f"{type(e.__cause__ or e).__name__} "
                                               "while nbdev built show_doc's namespace; its stored output is used. "
                                               "nbdev runs every cell with an import: keep imports in their own cells")
             if not sd and stored is not None: cell.outputs = stored
@@ -116,7 +127,8 @@ def _code(text, outputs=(), tags=()):
                 execution_count=None)
 
 def pandoc_id(text):
-    "The id Quarto (pandoc) gives a heading, which nbdev's doc links use: `EncoderConfig.from_hf` -> `encoderconfig.from_hf`."
+    ("The id Quarto (pandoc) gives a heading, which nbdev's doc links use: "
+     "`EncoderConfig.from_hf` -> `encoderconfig.from_hf`.")
     text = re.sub(r"\[([^\]]*)\]\([^)]*\)", r"\1", text)            # links -> their text
     text = re.sub(r"[`*]|<[^>]+>|\{[^}]*\}", "", text).strip().lower()
     text = re.sub(r"[^\w\s.-]", "", text)
@@ -189,7 +201,8 @@ def to_myst(proc):
             text = "\n\n".join(_output_text(o) for o in outs if o.get("output_type") != "error")
             if text.strip(): cells.append(_md(_showdoc_md(text) if code.startswith("show_doc") else text))
             continue
-        tags = (["remove-input"] if opts.get("echo") == "false" else []) + (["remove-output"] if opts.get("output") == "false" else [])
+        tags = ((["remove-input"] if opts.get("echo") == "false" else [])
+                + (["remove-output"] if opts.get("output") == "false" else []))
         if "code-fold" in opts and "remove-input" not in tags and code:   # Quarto's collapsible "Exported source"
             summary = opts.get("code-summary", "Code")
             cells.append(_md(f'<details class="nbdev-fold"{" open" if opts["code-fold"] == "show" else ""}>'
@@ -247,7 +260,8 @@ def exported():
 
 def _summary(obj):
     doc = (getattr(obj, "__doc__", None) or "") if callable(obj) else ""
-    if doc.startswith(f"{getattr(obj, '__name__', '')}("): doc = ""   # a dataclass's generated signature, not a docstring
+    # a dataclass's generated signature, not a docstring
+    if doc.startswith(f"{getattr(obj, '__name__', '')}("): doc = ""
     if callable(obj) and doc: return doc.strip().splitlines()[0]
     if not callable(obj):
         r = repr(obj)
@@ -259,7 +273,8 @@ def api_page(mods, titles, anchors):
              "Every name each module exports (its `__all__`), linked to where its notebook documents it.", ""]
     for mod, (page, names) in mods.items():
         m = importlib.import_module(mod)
-        lines += [f"## `{mod}`", "", f"[{titles.get(page, page)}]({page})", "", "| name | kind | summary |", "|---|---|---|"]
+        lines += [f"## `{mod}`", "", f"[{titles.get(page, page)}]({page})", "",
+                  "| name | kind | summary |", "|---|---|---|"]
         for n, url in names:
             obj = getattr(m, n, None)
             kind = "class" if isinstance(obj, type) else "function" if callable(obj) else type(obj).__name__
@@ -289,7 +304,8 @@ def build(out=SITE, jobs=2, quiet=False):
             try: procs.append(f.result())
             except Exception as e:
                 failed.append(p)
-                print(f"error: {p.relative_to(ROOT)}: nbdev's processing failed, so it has no page:\n{e}\n", file=sys.stderr)
+                print(f"error: {p.relative_to(ROOT)}: nbdev's processing failed, so it has no page:\n{e}\n",
+                      file=sys.stderr)
     t1 = time.time()
 
     conv = {pages[Path(p["path"]).resolve()]: (p, *to_myst(p)) for p in procs}
@@ -337,9 +353,11 @@ def build(out=SITE, jobs=2, quiet=False):
     shutil.rmtree(out / "_sources", ignore_errors=True)   # empty: html_copy_source is off
     if failed: sys.exit(f"docs: built without {', '.join(p.name for p in failed)} (errors above)")
     if not quiet:
-        slow = ", ".join(f"{Path(p['path']).name} {p['seconds']}s" for p in sorted(procs, key=lambda p: -p["seconds"])[:3])
+        slow = ", ".join(f"{Path(p['path']).name} {p['seconds']}s"
+                         for p in sorted(procs, key=lambda p: -p["seconds"])[:3])
         print(f"docs: {len(procs)} notebooks processed in {t1 - t0:.0f}s (slowest: {slow}), "
-              f"site built in {time.time() - t0:.0f}s -> {out.relative_to(ROOT) if out.is_relative_to(ROOT) else out}/index.html")
+              f"site built in {time.time() - t0:.0f}s -> "
+              f"{out.relative_to(ROOT) if out.is_relative_to(ROOT) else out}/index.html")
     return out
 
 _NOT_ASSETS = {".ipynb", ".md", ".rst", ".py", ".yml", ".yaml", ".ini", ".txt"}
@@ -351,7 +369,8 @@ def _toctrees(conv, nbs_path):
     out = ""
     for caption, group in (("Notebooks", top), ("Analysis", ana), ("Reference", ["api.html"])):
         if group:
-            out += f"\n```{{toctree}}\n:hidden:\n:caption: {caption}\n\n" + "\n".join(Path(p).with_suffix("").as_posix() for p in group) + "\n```\n"
+            out += (f"\n```{{toctree}}\n:hidden:\n:caption: {caption}\n\n"
+                    + "\n".join(Path(p).with_suffix("").as_posix() for p in group) + "\n```\n")
     return out
 
 

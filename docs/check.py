@@ -4,7 +4,11 @@
 
 tests/test_docs.py runs the same checks under pytest.
 """
-import importlib, inspect, json, re, sys
+import importlib
+import inspect
+import json
+import re
+import sys
 from html.parser import HTMLParser
 from pathlib import Path
 from urllib.parse import unquote, urlsplit
@@ -26,7 +30,8 @@ class Page(HTMLParser):
         for k in ("id", "name") if tag == "a" else ("id",):
             if a.get(k): self.ids.add(a[k])
         for k in ("href", "src"):
-            if a.get(k) is not None and tag in ("a", "link", "img", "script", "source", "iframe"): self.links.append(a[k])
+            if a.get(k) is not None and tag in ("a", "link", "img", "script", "source", "iframe"):
+                self.links.append(a[k])
         self._tags.append(tag)
 
     def handle_endtag(self, tag):

@@ -1,5 +1,5 @@
 "README.md from nbs/index.ipynb (nbdev_readme needs Quarto): markdown cells as they are, code with its text output."
-import json, sys
+import json
 from pathlib import Path
 
 root = Path(__file__).resolve().parents[1]

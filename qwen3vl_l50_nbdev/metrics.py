@@ -6,7 +6,9 @@
 __all__ = ['diff_row', 'diff_table']
 
 # %% ../nbs/00a_metrics.ipynb #dcf6e9b8
+from typing import TYPE_CHECKING
 import torch
+if TYPE_CHECKING: import pandas
 
 # %% ../nbs/00a_metrics.ipynb #24bdcb3b
 def diff_row(x: torch.Tensor, ref: torch.Tensor) -> dict:

@@ -1,12 +1,15 @@
 "The docs site (docs/build.py): every notebook has a page, internal links resolve, every exported name is documented."
-import os, subprocess, sys
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "docs"))
-import build, check  # noqa: E402  (docs/build.py, docs/check.py)
+import build  # noqa: E402  (docs/build.py)
+import check  # noqa: E402  (docs/check.py)
 
 if not os.environ.get("CI"):   # CI installs docs/requirements.txt (make docs): there a missing Sphinx fails
     pytest.importorskip("myst_nb", reason="docs tools not installed: pip install -r docs/requirements.txt")
@@ -53,21 +56,26 @@ def test_checker_finds_problems(tmp_path):
     (tmp_path / "sub" / "a.html").write_text('<a id="x"></a><a href="../index.html#top">ok</a>')
     probs = check.broken_links(tmp_path)
     assert len(probs) == 3, probs
-    assert any("nope.html" in p for p in probs) and any("#nope" in p for p in probs) and any("leaves" in p for p in probs)
+    assert (any("nope.html" in p for p in probs) and any("#nope" in p for p in probs)
+            and any("leaves" in p for p in probs))
 
 
 def test_quarto_to_myst():
     "Quarto's cell options, show_doc markdown, and nbdev's doc links, as the build turns them into MyST-NB input."
     assert build.pandoc_id("EncoderConfig.from_hf") == "encoderconfig.from_hf"
     assert build.pandoc_id("[`divide`](x.html#divide) and `shard`") == "divide-and-shard"
-    assert build._options("#| echo: false\n#| output: asis\nshow_doc(f)") == ({"echo": "false", "output": "asis"}, "show_doc(f)")
+    assert build._options("#| echo: false\n#| output: asis\nshow_doc(f)") == ({"echo": "false", "output": "asis"},
+                                                                          "show_doc(f)")
     proc = dict(path="nbs/02_x.ipynb", cells=[
         dict(cell_type="raw", source="---\ntitle: X\ndescription: the x\noutput-file: x.html\n---\n\n"),
         dict(cell_type="code", source="#| echo: false\n#| output: asis\nshow_doc(qwen3vl_32b)", outputs=[dict(
-            output_type="execute_result", data={"text/markdown": "---\n\n[source](https://g/x.py#L1){target=\"_blank\"}\n\n"
-                                                                 "### qwen3vl_32b\n\n*Doc.*"})]),
-        dict(cell_type="code", source='#| code-fold: show\n#| code-summary: "Exported source"\ndef qwen3vl_32b(): pass', outputs=[]),
-        dict(cell_type="code", source="#| echo: false\n1", outputs=[dict(output_type="stream", name="stdout", text="1\n")])])
+            output_type="execute_result",
+            data={"text/markdown": "---\n\n[source](https://g/x.py#L1){target=\"_blank\"}\n\n"
+                                   "### qwen3vl_32b\n\n*Doc.*"})]),
+        dict(cell_type="code", source='#| code-fold: show\n#| code-summary: "Exported source"\ndef qwen3vl_32b(): pass',
+             outputs=[]),
+        dict(cell_type="code", source="#| echo: false\n1",
+             outputs=[dict(output_type="stream", name="stdout", text="1\n")])])
     cells, title, anchors = build.to_myst(proc)
     assert title == "X" and cells[0]["source"].startswith("# X\n") and "the x" in cells[0]["source"]
     sd = cells[1]["source"]

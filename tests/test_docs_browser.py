@@ -1,6 +1,12 @@
 """Headless Chromium over the built docs site: the home page and one analysis page show their title, every image
 loads, the stylesheets apply, search finds a function; screenshots go to docs/_build/screenshots/."""
-import html, json, re, shutil, subprocess, sys, tempfile
+import html
+import json
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -8,7 +14,9 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "docs"))
 import build  # noqa: E402
-from test_docs import site  # noqa: E402,F401  (the session fixture that builds the site when needed)
+import test_docs  # noqa: E402
+
+site = test_docs.site   # the session fixture that builds the site when needed
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 pytestmark = pytest.mark.skipif(CHROMIUM is None, reason="no chromium (CI installs Debian's `chromium`)")
@@ -33,7 +41,8 @@ window.addEventListener("load", () => setTimeout(() => {
 
 def _chromium(*args):
     with tempfile.TemporaryDirectory() as prof:
-        r = subprocess.run([CHROMIUM, *FLAGS, f"--user-data-dir={prof}", *args], capture_output=True, text=True, timeout=120)
+        r = subprocess.run([CHROMIUM, *FLAGS, f"--user-data-dir={prof}", *args], capture_output=True, text=True,
+                           timeout=120)
     assert r.returncode == 0, r.stderr[-2000:]
     return r.stdout
 
@@ -70,7 +79,8 @@ def analysis_page(site):
     "The first analysis notebook's page; before there is one, the page with the most images."
     pages = [build.page_of(nb) for nb in build.notebooks() if nb.parent.name == "analysis"]
     if pages: return pages[0]
-    return max((p.relative_to(site).as_posix() for p in site.glob("*.html")), key=lambda p: (site / p).read_text().count("<img"))
+    return max((p.relative_to(site).as_posix() for p in site.glob("*.html")),
+               key=lambda p: (site / p).read_text().count("<img"))
 
 
 def _title(nb):
