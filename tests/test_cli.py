@@ -4,7 +4,7 @@ import pytest, torch
 from safetensors.torch import save_file, load_file
 from qwen3vl_l50_nbdev.cli import main
 from qwen3vl_l50_nbdev.config import EncoderConfig
-from qwen3vl_l50_nbdev.encoder import synthetic_inputs, hf_reference
+from qwen3vl_l50_nbdev.testing import synthetic_inputs, hf_reference
 from qwen3vl_l50_nbdev.metrics import diff_row
 
 ENV = os.environ | {"OMP_NUM_THREADS": "1"}
@@ -58,7 +58,7 @@ def test_check_under_torchrun(ckpt, inputs):
     (dict(input_ids=lambda x: torch.cat([x["input_ids"], torch.tensor([5000])])), "must be in [0, 1024)"),
     (dict(pixel_values=lambda x: x["pixel_values"][:-2]), "has 30 rows but image_grid_thw"),
     (dict(pixel_values=lambda x: x["pixel_values"][:, :90]), "must be [patches, 96]"),
-    (dict(video_grid_thw=lambda x: torch.tensor([[2, 4, 3]])), "multiples of the spatial merge size 2"),
+    (dict(video_grid_thw=lambda x: torch.tensor([[2, 4, 3]])), "h and w must be positive multiples of spatial_merge_size=2"),
     (dict(image_grid_thw=None), "must be given together"),
     (dict(input_ids=lambda x: x["input_ids"][x["input_ids"] != 1000]), "input_ids has 0 image tokens"),
 ])
