@@ -9,6 +9,7 @@ __all__ = ['fake_group', 'synthetic_inputs', 'make_tiny_checkpoint', 'hf_shapes'
 
 # %% ../nbs/13_testing.ipynb #b8fa3892
 import json
+import zlib
 import shutil
 from functools import lru_cache
 from pathlib import Path
@@ -133,6 +134,7 @@ def copy_hf_(ours: nn.Module, hf: nn.Module) -> nn.Module:
 # %% ../nbs/13_testing.ipynb #82a02814
 def check_primitives(seed: int = 0) -> dict:
     "On each rank of an initialised world: the TP layers against unsharded references; max |diff| or rel L2 per check."
+    # and a checksum of each row-parallel output, so that comparing ranks' results compares their bits
     import torch.distributed as dist
     g = encoder_group()
     torch.manual_seed(seed)  # the same full weights on every rank
@@ -151,7 +153,10 @@ def check_primitives(seed: int = 0) -> dict:
     ref = (h.double() @ down.bfloat16().double().T)
     for mode in REDUCE_MODES:
         row = RowParallelLinear(M, H, g, reduce=mode, dtype=torch.bfloat16); row.load(down.bfloat16())
-        out[mode] = diff_row(row(shard(h, 1, g.rank, g.size)), ref)["rel_l2"]
+        y = row(shard(h, 1, g.rank, g.size))
+        if y.dtype != torch.bfloat16: raise TypeError(f"reduce={mode}: output {y.dtype}, not the input's bf16")
+        out[mode] = diff_row(y, ref)["rel_l2"]
+        out[f"{mode} crc32"] = zlib.crc32(y.view(torch.int16).numpy().tobytes())   # the same on every rank: replicated
     return out
 
 # %% ../nbs/13_testing.ipynb #fa0fb1fd
