@@ -1,6 +1,11 @@
 "The qwen3vl-l50 command end to end: torchrun tp 1, 2, 4 on inputs with images and videos, bad inputs, a killed worker."
-import os, sys, time, signal, subprocess
-import pytest, torch
+import os
+import sys
+import time
+import signal
+import subprocess
+import pytest
+import torch
 from safetensors.torch import save_file, load_file
 from qwen3vl_l50_nbdev.cli import main
 from qwen3vl_l50_nbdev.config import EncoderConfig
@@ -11,7 +16,8 @@ ENV = os.environ | {"OMP_NUM_THREADS": "1"}
 
 
 def torchrun(n, *args, **kw):
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={n}", "-m", "qwen3vl_l50_nbdev.cli", *args]
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={n}",
+           "-m", "qwen3vl_l50_nbdev.cli", *args]
     return subprocess.run(cmd, env=ENV, capture_output=True, text=True, timeout=300, **kw)
 
 
@@ -58,7 +64,8 @@ def test_check_under_torchrun(ckpt, inputs):
     (dict(input_ids=lambda x: torch.cat([x["input_ids"], torch.tensor([5000])])), "must be in [0, 1024)"),
     (dict(pixel_values=lambda x: x["pixel_values"][:-2]), "has 30 rows but image_grid_thw"),
     (dict(pixel_values=lambda x: x["pixel_values"][:, :90]), "must be [patches, 96]"),
-    (dict(video_grid_thw=lambda x: torch.tensor([[2, 4, 3]])), "h and w must be positive multiples of spatial_merge_size=2"),
+    (dict(video_grid_thw=lambda x: torch.tensor([[2, 4, 3]])),
+     "h and w must be positive multiples of spatial_merge_size=2"),
     (dict(image_grid_thw=None), "must be given together"),
     (dict(input_ids=lambda x: x["input_ids"][x["input_ids"] != 1000]), "input_ids has 0 image tokens"),
 ])
@@ -69,7 +76,8 @@ def test_bad_inputs(change, msg, ckpt, inputs, tmp_path, capsys):
         else: x[k] = fn(x)
     f = tmp_path / "bad.safetensors"
     save_file({k: v.contiguous() for k, v in x.items()}, f)
-    assert main(["encode", "--model", str(ckpt), "--inputs", str(f), "--out", str(tmp_path / "o.safetensors"), "--layer", "3"]) == 2
+    assert main(["encode", "--model", str(ckpt), "--inputs", str(f), "--out", str(tmp_path / "o.safetensors"),
+                 "--layer", "3"]) == 2
     assert msg in capsys.readouterr().err
 
 
@@ -81,13 +89,15 @@ def test_bad_layer_and_model(ckpt, inputs, tmp_path, capsys):
     assert "no config.json" in capsys.readouterr().err
     extra = tmp_path / "extra.safetensors"
     save_file({"input_ids": torch.tensor([1, 2, 3]), "attention_mask": torch.ones(3)}, extra)
-    assert main(["encode", "--model", str(ckpt), "--inputs", str(extra), "--out", str(tmp_path / "o.safetensors"), "--layer", "3"]) == 2
+    assert main(["encode", "--model", str(ckpt), "--inputs", str(extra), "--out", str(tmp_path / "o.safetensors"),
+                 "--layer", "3"]) == 2
     assert "unknown tensors ['attention_mask']" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("cmd", ["make-tiny", "encode", "check", "demo"])
 def test_help(cmd):
-    r = subprocess.run([sys.executable, "-m", "qwen3vl_l50_nbdev.cli", cmd, "--help"], capture_output=True, text=True, env=ENV)
+    r = subprocess.run([sys.executable, "-m", "qwen3vl_l50_nbdev.cli", cmd, "--help"],
+                       capture_output=True, text=True, env=ENV)
     assert r.returncode == 0 and "usage: qwen3vl-l50 " + cmd in r.stdout
 
 
@@ -108,7 +118,8 @@ def test_killed_worker_ends_the_job(ckpt, tmp_path):
     long = synthetic_inputs(cfg, text_len=6000, seed=5)   # long enough that the job is still running when killed
     f = tmp_path / "long.safetensors"
     save_file(long, f)
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "-m", "qwen3vl_l50_nbdev.cli",
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+           "-m", "qwen3vl_l50_nbdev.cli",
            "encode", "--model", str(ckpt), "--inputs", str(f), "--out", str(tmp_path / "o.safetensors"), "--layer", "3"]
     p = subprocess.Popen(cmd, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     t0 = time.monotonic()

@@ -1,5 +1,8 @@
-"`spawn` when a rank dies or hangs: the call ends, with the rank named, instead of hanging (a notebook cell cannot kill ranks safely)."
-import os, time, signal
+("`spawn` when a rank dies or hangs: the call ends, with the rank named, instead of hanging "
+ "(a notebook cell cannot kill ranks safely).")
+import os
+import time
+import signal
 import pytest
 import torch.distributed as dist
 from qwen3vl_l50_nbdev.dist import spawn
