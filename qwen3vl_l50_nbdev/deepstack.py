@@ -51,5 +51,5 @@ def merge_deepstack(image_mask: torch.Tensor, video_mask: torch.Tensor,
 
 # %% ../nbs/06_deepstack.ipynb #34b517fc
 def inject(h: torch.Tensor, mask: torch.Tensor, feature: torch.Tensor) -> torch.Tensor:
-    "DeepStack: a copy of `h` [seq, H] with `feature` [mask.sum(), H] added at the rows where `mask` [seq] is True."
+    "DeepStack: a copy of `h` [seq, H] with `feature` added at the rows `mask` selects (boolean [seq], or row indices)."
     return h.index_put((mask,), h[mask] + feature.to(h.device, h.dtype))

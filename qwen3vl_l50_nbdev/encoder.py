@@ -17,6 +17,7 @@ from .rope import rope_index
 from .deepstack import placeholder_masks, scatter_visual, merge_deepstack
 from .loading import load_checkpoint
 from .fp8 import quantize_model_, check_fp8_modes
+from .fast import check_mode, set_fused_, compile_layers_, TextRunner
 
 # %% ../nbs/08_encoder.ipynb #49b5d5c5
 def _check_visual(cfg: EncoderConfig, ids, pixels, grid, kind: str, token_id: int):
@@ -61,31 +62,36 @@ class NotMember:
 class Encoder(nn.Module):
     "The Qwen3-VL layer-N encoder: replicated vision tower, tensor-parallel text decoder cut at `cfg.selected_layer`."
     def __init__(self, cfg: EncoderConfig, group: Group | None = None, reduce: str = "fp32",
-                 dtype=torch.bfloat16, device=None):
+                 dtype=torch.bfloat16, device=None, mode: str = "exact"):
         super().__init__()
         if reduce not in REDUCE_MODES: raise ValueError(f"reduce={reduce!r}: choose one of {REDUCE_MODES}")
-        self.cfg, self.group, self.dtype = cfg, group or Group.local(), dtype
+        self.cfg, self.group, self.dtype, self.mode = cfg, group or Group.local(), dtype, check_mode(mode)
         self.device = torch.device(device or "cpu")
         self.cfg.validate(self.group.size)
         self.vision = VisionModel(cfg.vision, dtype, self.device)
         self.text = TextModel(cfg.text, cfg.selected_layer, self.group, reduce, dtype, self.device)
+        if mode == "fast": set_fused_(self.text)
+        self.runner = TextRunner(self.text, padded=mode == "fast")   # CUDA graphs of the decoder (eager on the CPU)
 
     @classmethod
     def from_pretrained(cls, path, selected_layer: int = 50, dtype=torch.bfloat16, device=None,
                         group: Group | None = None, reduce: str = "fp32", quant: str | None = None,
-                        fp8_granularity: str = "channel", fp8_act: str = "token", progress: bool | None = None):
+                        fp8_granularity: str = "channel", fp8_act: str = "token", progress: bool | None = None,
+                        mode: str = "exact"):
         "Load an HF-format Qwen3-VL checkpoint directory onto the encoder group (default: every rank of the world)."
         if quant not in (None, "fp8"): raise ValueError(f"quant={quant!r}: choose None or 'fp8'")
         if quant: check_fp8_modes(fp8_granularity, fp8_act)
+        check_mode(mode)
         cfg = EncoderConfig.from_hf(path, selected_layer)
         group = group or encoder_group()
         if not group.is_member: return NotMember(group)
         if device is None:
             device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else "cpu"
-        enc = cls(cfg, group, reduce, dtype, device)
+        enc = cls(cfg, group, reduce, dtype, device, mode)
         enc.load_stats = load_checkpoint(enc, path, progress=group.rank == 0 if progress is None else progress)
         # online FP8: the decoder projections only
         if quant == "fp8": quantize_model_(enc.text, fp8_granularity, fp8_act)
+        if mode == "fast": compile_layers_(enc.text)   # after FP8: the compiled layers are the ones that run
         return enc
 
     @torch.inference_mode()
@@ -104,4 +110,5 @@ class Encoder(nn.Module):
             h = scatter_visual(h, mask, merged)
         visual_mask, deepstack = merge_deepstack(image_mask, video_mask, deep.get("image"), deep.get("video"))
         positions = rope_index(input_ids.long(), self.cfg, image_grid_thw, video_grid_thw).to(self.device)
-        return self.text(h, positions, visual_mask, deepstack).cpu()
+        rows = None if visual_mask is None else visual_mask.nonzero()[:, 0]   # indices, not a mask: graphs need no sync
+        return self.runner(h, positions, rows, deepstack).cpu()

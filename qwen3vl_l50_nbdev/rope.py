@@ -33,10 +33,14 @@ class TextRotary(nn.Module):
             raise ValueError("mrope_interleaved=False (Qwen2-VL's chunked M-RoPE) is not Qwen3-VL's layout; "
                              "transformers' Qwen3-VL always interleaves")
         self.inv_freq, self.axes = _inv_freq(cfg.head_dim, cfg.rope_theta), mrope_axes(cfg.mrope_section)
+        # device -> (inv_freq, axes) there: copied once, not on every call (a copy would block graph capture)
+        self._on = {}
 
     def forward(self, positions: torch.Tensor, dtype: torch.dtype = torch.float32):
-        angles = positions[..., None].float() * self.inv_freq.to(positions.device)   # (3, seq, head_dim/2)
-        idx = self.axes.to(positions.device).expand(1, *angles.shape[1:])
+        dev = positions.device
+        inv_freq, axes = self._on.get(dev) or self._on.setdefault(dev, (self.inv_freq.to(dev), self.axes.to(dev)))
+        angles = positions[..., None].float() * inv_freq   # (3, seq, head_dim/2)
+        idx = axes.expand(1, *angles.shape[1:])
         cos, sin = (f.gather(0, idx)[0] for f in (angles.cos(), angles.sin()))
         return torch.cat((cos, cos), -1).to(dtype), torch.cat((sin, sin), -1).to(dtype)
 

@@ -128,8 +128,8 @@ class TextModel(nn.Module):
 
     def forward(self, inputs_embeds: torch.Tensor, positions: torch.Tensor, visual_mask: torch.Tensor | None = None,
                 deepstack: list[torch.Tensor] | None = None) -> torch.Tensor:
-        ("`inputs_embeds` [seq, H], `positions` [3, seq]; DeepStack `deepstack[i]` [visual_mask.sum(), H] "
-         "added after layer i.")
+        ("`inputs_embeds` [seq, H], `positions` [3, seq]; DeepStack `deepstack[i]` added after layer i at the rows "
+         "that `visual_mask` selects (a boolean mask [seq] or row indices).")
         cos, sin = self.rotary(positions, inputs_embeds.dtype)
         h = inputs_embeds
         for i, layer in enumerate(self.layers):
