@@ -1,4 +1,6 @@
-"README.md from nbs/index.ipynb (nbdev_readme needs Quarto): markdown cells as they are, code with its text output."
+"""README.md from nbs/index.ipynb (nbdev_readme needs Quarto): markdown cells as they are, code with its text output.
+
+A `#| echo: false` cell shows only its output; progress bars and warnings (stderr) are left out."""
 import json
 from pathlib import Path
 
@@ -10,8 +12,9 @@ def render(nb: dict) -> str:
         src = "".join(c["source"]).strip()
         if c["cell_type"] == "markdown": out.append(src); continue
         if src.startswith("#| hide"): continue
-        out.append(f"```python\n{src}\n```")
+        if not src.startswith("#| echo: false"): out.append(f"```python\n{src}\n```")
         for o in c.get("outputs", []):
+            if o.get("name") == "stderr": continue
             data = o.get("data", {})
             if "text/markdown" in data: out.append("".join(data["text/markdown"]).strip())
             elif "text/plain" in data or "text" in o:
