@@ -6,9 +6,7 @@
 __all__ = ['diff_row', 'diff_table']
 
 # %% ../nbs/00a_metrics.ipynb #dcf6e9b8
-from typing import TYPE_CHECKING
 import torch
-if TYPE_CHECKING: import pandas
 
 # %% ../nbs/00a_metrics.ipynb #24bdcb3b
 def diff_row(x: torch.Tensor, ref: torch.Tensor) -> dict:
@@ -22,8 +20,8 @@ def diff_row(x: torch.Tensor, ref: torch.Tensor) -> dict:
                 rel_l2=(d.norm() / b.norm()).item() if b.norm() > 0 else d.norm().item(),
                 cosine=(a @ b / (a.norm() * b.norm())).item() if a.norm() * b.norm() > 0 else float(torch.equal(a, b)))
 
-def diff_table(rows: dict) -> "pandas.DataFrame":
-    "A table of `diff_row` for each `name: (x, ref)`."
+def diff_table(rows: dict):
+    "A pandas table of `diff_row` for each `name: (x, ref)`."
     import pandas as pd   # only here: importing the encoder does not import pandas
     return pd.DataFrame({k: diff_row(*v) for k, v in rows.items()}).T.astype(
         dict(bitwise=bool, max_abs=float, rel_l2=float, cosine=float))
