@@ -7,10 +7,50 @@ __all__ = ['TextConfig', 'VisionConfig', 'EncoderConfig', 'tp_sizes', 'qwen3vl_3
 
 # %% ../nbs/00_config.ipynb #90bbdfcd
 import json
+import os
 import dataclasses
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 import torch
+
+# %% ../nbs/00_config.ipynb #a849670d
+_REQUIRED_TEXT = ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads")
+_KINDS = {int: "a positive integer", float: "a positive number", str: "a string", bool: "true or false",
+          tuple: "a list of non-negative integers"}
+
+def _is_int(x) -> bool: return isinstance(x, int) and not isinstance(x, bool)
+
+def _fields(cls, d: dict, where: str, skip=()) -> dict:
+    "The fields of dataclass `cls` that `d` sets (None: unset), type-checked; `ValueError` naming `where.field`."
+    kw = {}
+    for f in dataclasses.fields(cls):
+        if f.name in skip or d.get(f.name) is None: continue
+        v, want = d[f.name], type(f.default)
+        ok = {int: lambda: _is_int(v) and v > 0,
+              float: lambda: isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0,
+              str: lambda: isinstance(v, str), bool: lambda: isinstance(v, bool),
+              tuple: lambda: isinstance(v, (list, tuple)) and all(_is_int(x) and x >= 0 for x in v)}[want]()
+        if not ok: raise ValueError(f"{where}.{f.name} = {v!r}: must be {_KINDS[want]}; fix the config")
+        kw[f.name] = tuple(v) if want is tuple else float(v) if want is float else v
+    return kw
+
+_ROPE_TYPES = ("default", "linear")   # what transformers' Qwen3-VL honours that this encoder implements
+
+def _rope_kind(rope: dict, where: str) -> tuple[str, float]:
+    "(rope_type, factor) of a rope dict, as transformers reads it; other types refused, naming the field."
+    kind = rope.get("rope_type", rope.get("type", "default"))
+    if kind not in _ROPE_TYPES:
+        raise ValueError(f"{where}.rope_type = {kind!r} is not supported: this encoder implements {list(_ROPE_TYPES)} "
+                         "(bitwise as transformers); use a checkpoint with one of them")
+    if rope.get("partial_rotary_factor", 1.0) != 1.0:
+        raise ValueError(f"{where}.partial_rotary_factor = {rope['partial_rotary_factor']!r}: only 1.0 (rotary on "
+                         "the whole head) is supported")
+    if kind == "default": return kind, 1.0
+    f = rope.get("factor")
+    if not isinstance(f, (int, float)) or isinstance(f, bool) or not f >= 1:
+        raise ValueError(f"{where}.factor = {f!r}: rope_type 'linear' needs a factor >= 1 "
+                         "(positions are divided by it)")
+    return kind, float(f)
 
 # %% ../nbs/00_config.ipynb #0e393e86
 @dataclass(frozen=True)
@@ -28,20 +68,30 @@ class TextConfig:
     mrope_section: tuple = (24, 20, 20)  # (t, h, w) frequency counts; must sum to head_dim/2
     mrope_interleaved: bool = True
     hidden_act: str = "silu"
+    rope_type: str = "default"   # or "linear": the inverse frequencies divided by rope_factor
+    rope_factor: float = 1.0
 
     @classmethod
-    def from_hf(cls, d: dict) -> 'TextConfig':
-        "From the `text_config` dict of an HF config (new `rope_parameters` or legacy `rope_scaling`/`rope_theta`)."
-        rope = dict(d.get("rope_scaling") or {})
-        rope.update(d.get("rope_parameters") or {})
+    def from_hf(cls, d: dict, where: str = "text_config") -> 'TextConfig':
+        ("From the `text_config` dict of an HF config. The rope settings come from `rope_scaling` when it is set, else "
+         "`rope_parameters`, as in transformers; a field it does not set takes transformers' default.")
+        rope_key = "rope_scaling" if d.get("rope_scaling") else "rope_parameters"
+        rope = d.get(rope_key) or {}
+        if not isinstance(rope, dict): raise ValueError(f"{where}.{rope_key} = {rope!r}: must be an object (a dict)")
         theta = rope.get("rope_theta", d.get("rope_theta"))
-        if theta is None: raise ValueError("text_config has neither rope_parameters['rope_theta'] nor rope_theta")
-        kw = {f.name: d[f.name] for f in dataclasses.fields(cls)
-              if f.name in d and f.name not in ("mrope_section", "rope_theta", "mrope_interleaved")}
-        if kw.get("num_key_value_heads") is None: kw["num_key_value_heads"] = d["num_attention_heads"]
-        if d.get("head_dim") is None: kw["head_dim"] = d["hidden_size"] // d["num_attention_heads"]
-        return cls(**kw, rope_theta=float(theta), mrope_section=tuple(rope.get("mrope_section", (24, 20, 20))),
-                   mrope_interleaved=bool(rope.get("mrope_interleaved", True)))
+        if theta is None: raise ValueError(f"{where} has neither rope_parameters['rope_theta'] nor rope_theta")
+        kind, factor = _rope_kind(rope, f"{where}.{rope_key}")
+        missing = [k for k in _REQUIRED_TEXT if d.get(k) is None]
+        if missing: raise ValueError(f"{where} does not set {missing}: a Qwen3-VL config.json sets them "
+                                     "(transformers' defaults are another model's): is the file complete?")
+        kw = _fields(cls, d, where,
+                     skip=("mrope_section", "rope_theta", "mrope_interleaved", "rope_type", "rope_factor"))
+        kw.setdefault("num_key_value_heads", kw["num_attention_heads"])   # transformers: MHA when unset
+        if "head_dim" in d and d["head_dim"] is None: kw["head_dim"] = kw["hidden_size"] // kw["num_attention_heads"]
+        rk = _fields(cls, dict(rope, rope_theta=theta), f"{where}.{rope_key}",
+                     skip=[f.name for f in dataclasses.fields(cls) if f.name not in ("mrope_section", "rope_theta",
+                                                                                     "mrope_interleaved")])
+        return cls(**kw, **rk, rope_type=kind, rope_factor=factor)
 
 # %% ../nbs/00_config.ipynb #faf0ed56
 @dataclass(frozen=True)
@@ -69,24 +119,48 @@ class VisionConfig:
         return self.in_channels * self.temporal_patch_size * self.patch_size ** 2
 
     @classmethod
-    def from_hf(cls, d: dict) -> 'VisionConfig':
-        "From the `vision_config` dict of an HF config."
-        kw = {f.name: d[f.name] for f in dataclasses.fields(cls) if f.name in d and f.name != "rope_theta"}
-        if "deepstack_visual_indexes" in kw: kw["deepstack_visual_indexes"] = tuple(kw["deepstack_visual_indexes"])
+    def from_hf(cls, d: dict, where: str = "vision_config") -> 'VisionConfig':
+        "From the `vision_config` dict of an HF config; a field it does not set takes transformers' default."
+        if d.get("out_hidden_size") is None:
+            raise ValueError(f"{where} does not set out_hidden_size (the text hidden size): is the file complete?")
+        kw = _fields(cls, d, where, skip=("rope_theta",))
         theta = (d.get("rope_parameters") or {}).get("rope_theta", d.get("rope_theta", 10000.0))
-        return cls(**kw, rope_theta=float(theta))
+        return cls(**kw, **_fields(cls, dict(rope_theta=theta), f"{where}.rope_parameters"))
 
 # %% ../nbs/00_config.ipynb #8fc5f466
-def _hf_dict(src) -> dict:
-    "A plain dict from a checkpoint dir, a config.json path, a dict, or a `transformers` config."
-    if isinstance(src, dict): return src
+def _exists(f: Path) -> bool:
+    "Whether `f` exists; `ValueError` when that can't be told (permission, symlink loop, broken link)."
+    try: os.stat(f)
+    except FileNotFoundError:
+        if os.path.islink(f): raise ValueError(f"{f} is a broken symlink (-> {os.readlink(f)}): fix the link") from None
+        return False
+    except PermissionError: raise ValueError(f"{f}: permission denied: make it and the directories above it "
+                                             "readable") from None
+    except OSError as e: raise ValueError(f"{f}: {e.strerror} (a symlink loop, or a file where a directory "
+                                          "should be): fix the path") from None
+    return True
+
+def _read_json(f: Path) -> dict:
+    "The JSON object in file `f`; `ValueError` naming the file when it is unreadable, truncated or not an object."
+    try: d = json.loads(Path(f).read_bytes())
+    except PermissionError: raise ValueError(f"{f}: permission denied: make it readable") from None
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise ValueError(f"{f} is not valid JSON ({e}): is it truncated? copy or download it again") from None
+    except IsADirectoryError: raise ValueError(f"{f} is a directory, not a JSON file") from None
+    if not isinstance(d, dict):
+        raise ValueError(f"{f} holds a JSON {type(d).__name__}, not an object: is it the right file?")
+    return d
+
+def _hf_dict(src) -> tuple[dict, str]:
+    "A plain dict and where it came from: a checkpoint dir, a config.json path, a dict, or a `transformers` config."
+    if isinstance(src, dict): return src, "config"
     if isinstance(src, (str, Path)):
         p = Path(src)
-        p = p / "config.json" if p.is_dir() else p
-        if not p.exists():
+        p = p / "config.json" if _exists(p) and p.is_dir() else p
+        if not _exists(p):
             raise FileNotFoundError(f"no config.json at {p}: pass an HF checkpoint directory or its config.json")
-        return json.loads(p.read_text())
-    return src.to_dict()
+        return _read_json(p), str(p)
+    return src.to_dict(), type(src).__name__
 
 # %% ../nbs/00_config.ipynb #38c78fea
 @dataclass(frozen=True)
@@ -103,13 +177,16 @@ class EncoderConfig:
     @classmethod
     def from_hf(cls, src, selected_layer: int = 50) -> 'EncoderConfig':
         "From a checkpoint dir, config.json, dict or `transformers` config."
-        d = _hf_dict(src)
+        d, where = _hf_dict(src)
         if "text_config" not in d or "vision_config" not in d:
-            raise ValueError(f"not a Qwen3-VL config (model_type={d.get('model_type')!r}): "
+            raise ValueError(f"{where}: not a Qwen3-VL config (model_type={d.get('model_type')!r}): "
                              "it needs text_config and vision_config")
-        ids = {k: d[k] for k in ("image_token_id", "video_token_id", "vision_start_token_id", "vision_end_token_id")
-               if k in d}
-        cfg = cls(TextConfig.from_hf(d["text_config"]), VisionConfig.from_hf(d["vision_config"]), selected_layer, **ids)
+        if bad := [k for k in ("text_config", "vision_config") if not isinstance(d[k], dict)]:
+            raise ValueError(f"{where}: {bad[0]} is {d[bad[0]]!r}, not an object: is the file complete?")
+        ids = _fields(cls, {k: v for k, v in d.items() if k.endswith("_token_id")}, where,
+                      skip=("text", "vision", "selected_layer"))
+        cfg = cls(TextConfig.from_hf(d["text_config"], f"{where}: text_config"),
+                  VisionConfig.from_hf(d["vision_config"], f"{where}: vision_config"), selected_layer, **ids)
         return cfg.validate()
 
     def to_hf(self):
@@ -119,8 +196,9 @@ class EncoderConfig:
         text = dict(vocab_size=t.vocab_size, hidden_size=t.hidden_size, intermediate_size=t.intermediate_size,
                     num_hidden_layers=t.num_hidden_layers, num_attention_heads=t.num_attention_heads,
                     num_key_value_heads=t.num_key_value_heads, head_dim=t.head_dim, rms_norm_eps=t.rms_norm_eps,
-                    hidden_act=t.hidden_act, rope_parameters=dict(rope_type="default", rope_theta=t.rope_theta,
-                    mrope_section=list(t.mrope_section), mrope_interleaved=t.mrope_interleaved))
+                    hidden_act=t.hidden_act, rope_parameters=dict(rope_type=t.rope_type, rope_theta=t.rope_theta,
+                    mrope_section=list(t.mrope_section), mrope_interleaved=t.mrope_interleaved,
+                    **({"factor": t.rope_factor} if t.rope_type == "linear" else {})))
         vision = {f.name: getattr(v, f.name) for f in dataclasses.fields(v) if f.name != "rope_theta"}
         vision.update(deepstack_visual_indexes=list(v.deepstack_visual_indexes),
                       rope_parameters=dict(rope_type="axial", rope_theta=v.rope_theta))
@@ -138,6 +216,15 @@ def tp_sizes(t: TextConfig, upto: int = 64) -> list[int]:
 def _validate(self: EncoderConfig, tp: int = 1) -> EncoderConfig:
     "Check the config (and a TP size); raise `ValueError` saying what to change. Returns `self`."
     t, v = self.text, self.vision
+    for part, name in ((t, "text"), (v, "vision")):
+        for f in dataclasses.fields(part):
+            if type(f.default) is int and not (_is_int(x := getattr(part, f.name)) and x > 0):
+                raise ValueError(f"{name}.{f.name} = {x!r}: must be a positive integer")
+    if not _is_int(self.selected_layer): raise ValueError(
+        f"selected_layer = {self.selected_layer!r}: must be an integer, 1..{t.num_hidden_layers}")
+    if t.rope_type not in _ROPE_TYPES or t.rope_factor < 1 or (t.rope_type == "default" and t.rope_factor != 1):
+        raise ValueError(f"rope_type={t.rope_type!r}, rope_factor={t.rope_factor}: choose 'default' (factor 1) or "
+                         "'linear' (factor >= 1)")
     if not 1 <= self.selected_layer <= t.num_hidden_layers:
         raise ValueError(f"selected_layer={self.selected_layer} but the text model has {t.num_hidden_layers} "
                          f"decoder layers: choose 1..{t.num_hidden_layers}")

@@ -88,12 +88,32 @@ def encoder_group(tp: int | None = None, tiled: bool = False) -> Group:
     return mine or Group(None, tiles[0], me)
 
 # %% ../nbs/01_dist.ipynb #55ea9c4e
+def _check_device(device: str | None, local_rank: int, world: int) -> torch.device:
+    "The device `init_world` uses: checked against what this machine has; `ValueError` saying what to pass."
+    if device is None: device = "cuda" if torch.cuda.is_available() else "cpu"
+    try: dev = torch.device(device)
+    except (RuntimeError, TypeError): dev = None
+    if dev is None or dev.type not in ("cpu", "cuda") or (dev.type == "cpu" and dev.index not in (None, 0)):
+        raise ValueError(f"device={device!r}: choose 'cpu' or 'cuda' (one GPU per local rank)")
+    if dev.type == "cpu": return torch.device("cpu")
+    if not torch.cuda.is_available():
+        raise ValueError(f"device={device!r} but CUDA is not available here (torch {torch.__version__}, "
+                         f"{'CUDA ' + torch.version.cuda if torch.version.cuda else 'a CPU-only build'}, "
+                         f"{torch.cuda.device_count()} GPUs visible): use device 'cpu', or a machine with a GPU")
+    if dev.index is not None and world > 1:
+        raise ValueError(f"device={device!r} under torchrun: each rank takes cuda:LOCAL_RANK, pass 'cuda'")
+    i, n = local_rank if dev.index is None else dev.index, torch.cuda.device_count()
+    if i >= n: raise ValueError(f"cuda:{i} asked for (local rank {local_rank}) but this machine shows {n} GPU(s): "
+                                f"run at most {n} ranks per node, or check CUDA_VISIBLE_DEVICES")
+    return torch.device("cuda", i)
+
 def init_world(device: str | None = None, timeout_s: int = 120) -> torch.device:
-    "Join torchrun's world if there is one; return this rank's device (`cuda:LOCAL_RANK` or `cpu`)."
-    cuda = torch.cuda.is_available() if device is None else device.startswith("cuda")
-    dev = torch.device(f"cuda:{int(os.environ.get('LOCAL_RANK', 0))}" if cuda else "cpu")
+    "Join torchrun's world if there is one; return this rank's device (`cuda:LOCAL_RANK` or `cpu`), checked."
+    world = int(os.environ.get("WORLD_SIZE", 1))
+    dev = _check_device(device, int(os.environ.get("LOCAL_RANK", 0)), world)
+    cuda = dev.type == "cuda"
     if cuda: torch.cuda.set_device(dev)
-    if int(os.environ.get("WORLD_SIZE", 1)) > 1 and not dist.is_initialized():
+    if world > 1 and not dist.is_initialized():
         dist.init_process_group("nccl" if cuda else "gloo", timeout=datetime.timedelta(seconds=timeout_s),
                                 **({"device_id": dev} if cuda else {}))
     return dev

@@ -29,10 +29,23 @@ def _check_visual(cfg: EncoderConfig, ids, pixels, grid, kind: str, token_id: in
             raise ValueError(f"input_ids has {n_tok} {kind} tokens (id {token_id}) but no {pv} / {gname} were given")
         return
     if (pixels is None) != (grid is None): raise ValueError(f"{pv} and {gname} must be given together")
+    if not isinstance(pixels, torch.Tensor) or not pixels.is_floating_point():
+        raise ValueError(f"{pv} must be a floating-point tensor, got {getattr(pixels, 'dtype', type(pixels).__name__)}")
     grids, m = check_pixels(pixels, grid, cfg.vision, (pv, gname)), cfg.vision.spatial_merge_size
+    _check_finite(pixels, grids, pv, gname, kind)
     if n_tok != (n := sum(t * h * w for t, h, w in grids) // m ** 2):
         raise ValueError(f"input_ids has {n_tok} {kind} tokens (id {token_id}) but the {kind} features are {n} tokens "
                          f"({gname} {grids} / merge {m}x{m})")
+
+def _check_finite(pixels, grids, pv: str, gname: str, kind: str):
+    "Raise naming the first row of `pixels` holding a NaN or Inf, and the image or video it belongs to."
+    if bool(torch.isfinite(pixels).all()): return
+    rows = (~torch.isfinite(pixels)).any(1).nonzero()[:, 0].tolist()
+    ends = torch.tensor([t * h * w for t, h, w in grids]).cumsum(0).tolist()
+    which = next(i for i, e in enumerate(ends) if rows[0] < e)
+    raise ValueError(f"{pv} has NaN or Inf in {len(rows)} row(s), the first row {rows[0]} ({kind} {which}, "
+                     f"{gname}[{which}] = {grids[which]}): one non-finite pixel makes every output row NaN; "
+                     f"fix or drop that {kind}")
 
 def check_inputs(cfg: EncoderConfig, input_ids, pixel_values=None, image_grid_thw=None,
                  pixel_values_videos=None, video_grid_thw=None):
@@ -44,6 +57,7 @@ def check_inputs(cfg: EncoderConfig, input_ids, pixel_values=None, image_grid_th
     if ids.is_floating_point() or ids.is_complex() or ids.dtype == torch.bool:
         raise ValueError(f"input_ids must be integer, got {ids.dtype}")
     if ids.numel() == 0: raise ValueError("input_ids is empty")
+    ids = ids.long()   # min/max exist for every integer dtype as int64 (not for uint16/32/64)
     lo, hi = int(ids.min()), int(ids.max())
     if lo < 0 or hi >= cfg.text.vocab_size:
         raise ValueError(f"input_ids must be in [0, {cfg.text.vocab_size}) (the vocabulary), got min {lo}, max {hi}")
@@ -57,6 +71,22 @@ class NotMember:
     def __getattr__(self, name):
         raise RuntimeError(f"rank {self.group.global_rank} is not in the encoder group {list(self.group.ranks)}: "
                            f"the encoder was loaded only on those ranks; call {name} there")
+
+# %% ../nbs/08_encoder.ipynb #babb1bc1
+import functools
+import threading
+
+def _serialised(encode):
+    "`encode`, one call at a time per encoder: at TP=1 a concurrent call waits; at TP>1 it is refused."
+    @functools.wraps(encode)
+    def run(self, *args, **kw):
+        lock = self.__dict__.setdefault("_encode_lock", threading.Lock())
+        if not lock.acquire(blocking=self.group.size == 1):
+            raise RuntimeError(f"encode is already running on this {self.group.size}-rank encoder in another thread: "
+                               "at TP>1 every rank must call encode in the same order, so call it from one thread")
+        try: return encode(self, *args, **kw)
+        finally: lock.release()
+    return run
 
 # %% ../nbs/08_encoder.ipynb #ea192da2
 class Encoder(nn.Module):
@@ -94,6 +124,7 @@ class Encoder(nn.Module):
         if mode == "fast": compile_layers_(enc.text)   # after FP8: the compiled layers are the ones that run
         return enc
 
+    @_serialised
     @torch.inference_mode()
     def encode(self, input_ids: torch.Tensor, pixel_values=None, image_grid_thw=None,
                pixel_values_videos=None, video_grid_thw=None) -> torch.Tensor:

@@ -33,6 +33,7 @@ class TextRotary(nn.Module):
             raise ValueError("mrope_interleaved=False (Qwen2-VL's chunked M-RoPE) is not Qwen3-VL's layout; "
                              "transformers' Qwen3-VL always interleaves")
         self.inv_freq, self.axes = _inv_freq(cfg.head_dim, cfg.rope_theta), mrope_axes(cfg.mrope_section)
+        if cfg.rope_type == "linear": self.inv_freq /= cfg.rope_factor   # linear scaling: HF's in-place division
         # device -> (inv_freq, axes) there: copied once, not on every call (a copy would block graph capture)
         self._on = {}
 

@@ -150,3 +150,53 @@ def test_fp8_under_torchrun(ckpt, inputs, tmp_path):
     # e4m3 keeps 3 mantissa bits (bf16 keeps 8): on this tiny model FP8's error is ~10x bf16's, and it must stay there
     assert all(bf16 < e < 20 * bf16 for e in errs.values()), (errs, bf16)
     assert errs[2, "channel"] <= 1.25 * errs[1, "channel"]   # the TP contract, with FP8's own error as the noise floor
+
+
+def test_out_is_checked_first_and_written_through_links(ckpt, inputs, tmp_path, capsys):
+    f, x = inputs
+    args = ["encode", "--model", str(tmp_path / "no-model"), "--inputs", str(f), "--layer", "3"]
+    for out, msg in (("/dev/full", "is a device or special file"), (str(tmp_path), "is a directory"),
+                     (str(tmp_path / "nope" / "o.safetensors"), "does not exist")):
+        assert main(args + ["--out", out]) == 2           # refused before the (missing) model is even looked at
+        assert msg in capsys.readouterr().err
+    target, link = tmp_path / "target.safetensors", tmp_path / "link.safetensors"
+    save_file({"hidden_states": torch.ones(1)}, target)
+    link.symlink_to(target.name)
+    assert main(["encode", "--model", str(ckpt), "--inputs", str(f), "--out", str(link), "--layer", "3"]) == 0
+    assert link.is_symlink() and load_file(target)["hidden_states"].shape == (len(x["input_ids"]), 64)
+
+
+def test_bad_files_and_devices(ckpt, inputs, tmp_path, capsys):
+    f, x = inputs
+    out = ["--out", str(tmp_path / "o.safetensors"), "--layer", "3"]
+    nan = dict(x); nan["pixel_values"] = x["pixel_values"].clone(); nan["pixel_values"][5, 0] = float("nan")
+    save_file(nan, bad := tmp_path / "nan.safetensors")
+    pickle = tmp_path / "in.pt"; torch.save(x, pickle)
+    for inp, extra, msg in ((bad, [], "pixel_values has NaN or Inf in 1 row(s), the first row 5 (image 0"),
+                            (pickle, [], "is not a safetensors file"),
+                            (tmp_path / "missing.safetensors", [], "no such file"),
+                            (f, ["--device", "gpu"], "device='gpu': choose 'cpu' or 'cuda'"),
+                            (f, ["--device", "mps"], "device='mps': choose 'cpu' or 'cuda'")):
+        assert main(["encode", "--model", str(ckpt), "--inputs", str(inp), *out, *extra]) == 2
+        assert msg in capsys.readouterr().err
+    if not torch.cuda.is_available():
+        assert main(["encode", "--model", str(ckpt), "--inputs", str(f), *out, "--device", "cuda"]) == 2
+        assert "CUDA is not available here" in capsys.readouterr().err
+    assert not (tmp_path / "o.safetensors").exists()
+    u16 = dict(x, input_ids=x["input_ids"].to(torch.uint16))   # a processor's dtype: read, not NotImplementedError
+    save_file(u16, g := tmp_path / "u16.safetensors")
+    assert main(["encode", "--model", str(ckpt), "--inputs", str(g), *out]) == 0
+    assert torch.equal(load_file(tmp_path / "o.safetensors")["hidden_states"], hf_reference(ckpt, x, 3, torch.bfloat16))
+
+
+def test_error_once_under_torchrun(ckpt, inputs, tmp_path):
+    f, x = inputs
+    bad = dict(x); bad["pixel_values"] = x["pixel_values"].clone(); bad["pixel_values"][-1, -1] = float("inf")
+    save_file(bad, g := tmp_path / "inf.safetensors")
+    for args, msg in ((["--inputs", str(g), "--out", str(tmp_path / "o.safetensors")], "has NaN or Inf"),
+                      (["--inputs", str(f), "--out", "/dev/full"], "is a device or special file")):
+        r = torchrun(2, "encode", "--model", str(ckpt), "--layer", "3", *args)
+        # every rank finds it, rank 0 alone prints it; the workers exit with the CLI's 2 (torchrun itself exits 1)
+        assert r.stderr.count("qwen3vl-l50 encode: error:") == 1 and msg in r.stderr, r.stderr[-3000:]
+        assert "exitcode  : 2" in r.stderr and r.stderr.count("Traceback (most recent call last)") <= 1   # launcher's
+        assert r.returncode != 0
