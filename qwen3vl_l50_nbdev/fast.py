@@ -54,22 +54,25 @@ class TextRunner:
         self.graphs, self.pool, self.captures = OrderedDict(), None, 0
 
     def __call__(self, h: torch.Tensor, positions: torch.Tensor, visual_idx: torch.Tensor | None = None,
-                 deepstack: list | None = None) -> torch.Tensor:
-        "The model's output for `h` [seq, H] (the first `seq` rows of it, when padded)."
+                 deepstack: list | None = None, lens: list[int] | None = None) -> torch.Tensor:
+        "The model's output for `h` [seq, H] (the first `seq` rows of it, when padded); `lens`: packed prompts."
         n = h.shape[0]
-        if self.padded: h, positions = pad(h, positions, pad_to(n))
+        if self.padded:   # the padding joins the last prompt, after its tokens: they never see it
+            h, positions = pad(h, positions, pad_to(n))
+            if lens: lens = [*lens[:-1], lens[-1] + h.shape[0] - n]
         args = [h, positions, visual_idx, list(deepstack) if deepstack else None]
-        if not (h.is_cuda and self.use_graphs) or _hooked(self.text): return self.text(*args)[:n]
-        key = (h.shape[0], None if visual_idx is None else visual_idx.numel(), len(deepstack or ()))
-        g = self.graphs.get(key) or self._capture(key, args)
+        lens = tuple(lens) if lens and len(lens) > 1 else None
+        if not (h.is_cuda and self.use_graphs) or _hooked(self.text): return self.text(*args, lens)[:n]
+        key = (h.shape[0], None if visual_idx is None else visual_idx.numel(), len(deepstack or ()), lens)
+        g = self.graphs.get(key) or self._capture(key, args, lens)
         self.graphs.move_to_end(key)
         for static, new in zip(g.inputs, _flat(args)): static.copy_(new)
         g.graph.replay()
         return g.out[:n]
 
-    def _capture(self, key, args) -> _Graph:
+    def _capture(self, key, args, lens) -> _Graph:
         static = [t.clone() for t in _flat(args)]
-        call = lambda: self.text(*_unflat(static, args))
+        call = lambda: self.text(*_unflat(static, args), list(lens) if lens else None)
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):

@@ -69,7 +69,9 @@ class Attention(nn.Module):
         self.o_proj = tp_layer("layers.{i}.self_attn.o_proj", nh * hd, cfg.hidden_size, g, reduce=reduce,
                                dtype=dtype, device=device)
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, lens: list[int] | None = None
+                ) -> torch.Tensor:
+        "`x` [seq, hidden]; `lens`: the lengths of packed prompts, each attending causally within itself (None: one)."
         s, hd = x.shape[0], self.head_dim
         q, k, v = self.qkv_proj(x)
         q = self.q_norm(q.view(s, -1, hd)).transpose(0, 1)   # (heads, seq, head_dim)
@@ -77,8 +79,10 @@ class Attention(nn.Module):
         v = v.view(s, -1, hd).transpose(0, 1)
         q, k = apply_rotary(q, k, cos, sin)
         # 4-D like HF's [batch, heads, seq, hd]: on CPU, 3-D inputs take SDPA's math kernel (different bits)
-        o = F.scaled_dot_product_attention(q[None], k[None], v[None], is_causal=True, scale=self.scale,
-                                           enable_gqa=self.gqa)
+        attend = lambda q, k, v: F.scaled_dot_product_attention(q[None], k[None], v[None], is_causal=True,
+                                                                scale=self.scale, enable_gqa=self.gqa)
+        if lens is None or len(lens) == 1: o = attend(q, k, v)
+        else: o = torch.cat([attend(*qkv) for qkv in zip(*(t.split(lens, 1) for t in (q, k, v)))], 2)
         return self.o_proj(o[0].transpose(0, 1).reshape(s, -1))   # (seq, heads * head_dim)
 
 # %% ../nbs/05_text.ipynb #cd831bb7
@@ -108,9 +112,10 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype, device)
         self.mlp = MLP(cfg, group, reduce, dtype, device)
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        "`x` [seq, hidden]; `cos`, `sin` [seq, head_dim] from `TextRotary`."
-        h = x + self.self_attn(self.input_layernorm(x), cos, sin)
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, lens: list[int] | None = None
+                ) -> torch.Tensor:
+        "`x` [seq, hidden]; `cos`, `sin` [seq, head_dim] from `TextRotary`; `lens`: packed prompts' lengths."
+        h = x + self.self_attn(self.input_layernorm(x), cos, sin, lens)
         return h + self.mlp(self.post_attention_layernorm(h))
 
 # %% ../nbs/05_text.ipynb #5a2a8d1f
@@ -127,12 +132,12 @@ class TextModel(nn.Module):
         self.rotary = TextRotary(cfg)
 
     def forward(self, inputs_embeds: torch.Tensor, positions: torch.Tensor, visual_mask: torch.Tensor | None = None,
-                deepstack: list[torch.Tensor] | None = None) -> torch.Tensor:
+                deepstack: list[torch.Tensor] | None = None, lens: list[int] | None = None) -> torch.Tensor:
         ("`inputs_embeds` [seq, H], `positions` [3, seq]; DeepStack `deepstack[i]` added after layer i at the rows "
-         "that `visual_mask` selects (a boolean mask [seq] or row indices).")
+         "that `visual_mask` selects (a boolean mask [seq] or row indices); `lens`: packed prompts' lengths.")
         cos, sin = self.rotary(positions, inputs_embeds.dtype)
         h = inputs_embeds
         for i, layer in enumerate(self.layers):
-            h = layer(h, cos, sin)
+            h = layer(h, cos, sin, lens)
             if deepstack is not None and i < len(deepstack): h = inject(h, visual_mask, deepstack[i])
         return h
