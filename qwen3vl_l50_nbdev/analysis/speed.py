@@ -135,7 +135,7 @@ def run(cfg: EncoderConfig, full: bool, device, reps: int = 5, variants=("hf_eag
             hf_comp(v == "hf_compiled" and cuda)
             return hf_encode(hf, cfg, x, device)
         set_fused_(enc.text, v == "fast"); our_comp(v == "fast" and cuda); enc.runner = runners[v]
-        return enc.encode(**x)
+        return enc.encode_batch(x) if isinstance(x, list) else enc.encode(**x)
     peak = gemm_peak(device) if cuda else float("nan")
     log(f"[{time.time() - t0:6.1f} s] bf16 GEMM peak {peak:.0f} TFLOP/s")
     todo, refs = cases(cfg, full), {}
@@ -178,9 +178,29 @@ def run(cfg: EncoderConfig, full: bool, device, reps: int = 5, variants=("hf_eag
                              rel_l2_to_fp32=diff_row(out[v], ref)["rel_l2"] if ref is not None else float("nan")))
         log(f"[{time.time() - t0:6.1f} s] {name}: "
             + ", ".join(f"{v} {statistics.median(ms[v]):.1f} ms (first {warm[v]:.1f} s)" for v in variants))
+    n = 128 if full else 32       # a diffusion pipeline's prompt and negative prompt: one call, or two
+    pair = [text_case(cfg, n, seed=1), text_case(cfg, n, seed=2)]
+    with torch.inference_mode():
+        for v in [v for v in variants if not v.startswith("hf")]:
+            solo = [call(v, x) for x in pair] + [call(v, x) for x in pair]
+            call(v, pair)
+            packed = call(v, pair)
+            one, two = [], []
+            for _ in range(reps):
+                sync(cuda); t = time.perf_counter(); call(v, pair); sync(cuda)
+                one.append(1e3 * (time.perf_counter() - t))
+                sync(cuda); t = time.perf_counter(); [call(v, x) for x in pair]; sync(cuda)
+                two.append(1e3 * (time.perf_counter() - t))
+            rows.append(dict(case=f"2 x text {n}, one call", tokens=2 * n, variant=v, ms=statistics.median(one),
+                             ms_min=min(one), two_calls_ms=statistics.median(two),
+                             batch_ratio=statistics.median(one) / statistics.median(two),
+                             bitwise_to_solo=all(torch.equal(a, b) for a, b in zip(packed, solo)),
+                             rel_l2_to_solo=max(diff_row(a, b)["rel_l2"] for a, b in zip(packed, solo))))
+            log(f"{rows[-1]['case']}, {v}: {rows[-1]['ms']:.1f} ms, two calls {rows[-1]['two_calls_ms']:.1f} ms")
     df = pd.DataFrame(rows)
     for base in ("hf_eager", "hf_compiled"):
-        if base in variants: df[f"x_{base}"] = df["ms"] / df["case"].map(df[df.variant == base].set_index("case")["ms"])
+        if base in variants:
+            df[f"x_{base}"] = df["ms"] / df["case"].map(df[df.variant == base].set_index("case")["ms"])
     hf_err = df[df.variant == "hf_eager"].set_index("case")["rel_l2_to_fp32"]
     df["err_x_hf"] = df["rel_l2_to_fp32"] / df["case"].map(hf_err)   # the error over HF eager bf16's own
     return df.assign(gemm_peak_tflops=peak, fast_bucket_warmup_s=warm_buckets)
