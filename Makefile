@@ -36,11 +36,14 @@ lint: install   # ruff on the sources (the notebooks, not their exports), tests 
 nbtest: install
 	$(ACT) && nbdev_test --n_workers 2 --timing
 
-pytest: install
-	@$(ACT) && { pytest -q tests; rc=$$?; \
+pytest: install   # -rs lists every skipped test with its reason; a skip is named again on the last line
+	@$(ACT) && { log=$$(mktemp); pytest -q -rs tests 2>&1 | tee $$log; rc=$${PIPESTATUS[0]}; \
+	  skipped=$$(tail -n 1 $$log | grep -o '[0-9]* skipped' | cut -d' ' -f1); rm -f $$log; \
 	  if [ $$rc -eq 5 ]; then \
 	    if ls tests/test_*.py >/dev/null 2>&1; then echo "pytest collected no tests but tests/ has test files"; exit 1; \
-	    else echo "no tests in tests/"; exit 0; fi; fi; exit $$rc; }
+	    else echo "no tests in tests/"; exit 0; fi; fi; \
+	  if [ -n "$$skipped" ]; then echo "make pytest: $$skipped test(s) SKIPPED, so this run is less than CI's:" \
+	    "install what the SKIPPED lines above name (bash .ci/run does it all, as CI)"; fi; exit $$rc; }
 
 test: check-sync lint nbtest docs pytest
 

@@ -362,15 +362,25 @@ def build(out=SITE, jobs=2, quiet=False):
 
 _NOT_ASSETS = {".ipynb", ".md", ".rst", ".py", ".yml", ".yaml", ".ini", ".txt"}
 
+def nav_title(nb_path, title):
+    ("The sidebar's name for a notebook's page: its number and its title, `01 · Error vs tensor-parallel size` "
+     "(nbdev drops the number from the page's file name; the notebooks refer to each other by it).")
+    m = re.match(r"^(\d+[a-z]?)_", Path(nb_path).name)
+    t = re.sub(r"[`*]", "", title).replace("<", "‹").replace(">", "›").strip()   # a toctree title is plain text
+    return f"{m.group(1)} · {t}" if m else t
+
 def _toctrees(conv, nbs_path):
     "The navigation: the numbered notebooks, the analysis notebooks, then the API reference, in notebook order."
     top = [p for p in conv if p != "index.html" and "/" not in p]
     ana = [p for p in conv if p.startswith("analysis/")]
+    def entry(p):
+        doc = Path(p).with_suffix("").as_posix()
+        return f"{nav_title(conv[p][0]['path'], conv[p][2])} <{doc}>" if p in conv else doc
     out = ""
     for caption, group in (("Notebooks", top), ("Analysis", ana), ("Reference", ["api.html"])):
         if group:
             out += (f"\n```{{toctree}}\n:hidden:\n:caption: {caption}\n\n"
-                    + "\n".join(Path(p).with_suffix("").as_posix() for p in group) + "\n```\n")
+                    + "\n".join(entry(p) for p in group) + "\n```\n")
     return out
 
 

@@ -8,6 +8,7 @@ __all__ = ['fake_group', 'synthetic_inputs', 'make_tiny_checkpoint', 'hf_shapes'
            'encode_on_ranks']
 
 # %% ../nbs/13_testing.ipynb #b8fa3892
+import os
 import json
 import zlib
 import shutil
@@ -67,6 +68,8 @@ def make_tiny_checkpoint(dir, config: EncoderConfig, seed: int = 0, max_shard_si
     try: model.to(dtype).save_pretrained(dir, **({} if max_shard_size is None else dict(max_shard_size=max_shard_size)))
     finally:
         if bar: logging.enable_progress_bar()
+    umask = os.umask(0o022); os.umask(umask)
+    for f in Path(dir).glob("*.safetensors"): f.chmod(0o666 & ~umask)   # as config.json (HF's weights come as 0600)
     return Path(dir)
 
 # %% ../nbs/13_testing.ipynb #7b80ae82

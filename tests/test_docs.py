@@ -1,5 +1,6 @@
 "The docs site (docs/build.py): every notebook has a page, internal links resolve, every exported name is documented."
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -45,6 +46,19 @@ def test_navigation_in_notebook_order(site):
     want = [build.page_of(nb) for nb in build.notebooks() if nb.name != "index.ipynb"] + ["api.html"]
     pos = [nav.find(f'href="{p}"') for p in want]
     assert -1 not in pos and pos == sorted(pos), dict(zip(want, pos))
+
+
+def test_navigation_shows_notebook_numbers(site):
+    "The sidebar names a numbered notebook's page by its number and title (`01 · Error vs tensor-parallel size`)."
+    html = (site / "index.html").read_text(encoding="utf-8")
+    nav = html[html.index('class="sidebar-tree"'):]
+    numbered = [(nb, m.group(1)) for nb in build.notebooks() if (m := re.match(r"(\d+[a-z]?)_", nb.name))]
+    assert any(nb.parent.name == "analysis" for nb, _ in numbered)
+    for nb, num in numbered:
+        a = re.search(rf'href="{re.escape(build.page_of(nb))}">([^<]*)</a>', nav)
+        assert a and a.group(1).startswith(f"{num} · "), (nb.name, a and a.group(1))
+    assert build.nav_title("nbs/analysis/01_tp_size.ipynb", "Error vs `tp` <size>") == "01 · Error vs tp ‹size›"
+    assert build.nav_title("nbs/index.ipynb", "Home") == "Home"
 
 
 def test_checker_finds_problems(tmp_path):

@@ -19,7 +19,8 @@ import test_docs  # noqa: E402
 site = test_docs.site   # the session fixture that builds the site when needed
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
-pytestmark = pytest.mark.skipif(CHROMIUM is None, reason="no chromium (CI installs Debian's `chromium`)")
+pytestmark = pytest.mark.skipif(CHROMIUM is None, reason="no chromium on PATH: apt-get install chromium "
+                                "(Debian's package; bash .ci/run installs it as CI does)")
 SHOTS = build.BUILD / "screenshots"
 FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
          "--disable-background-networking", "--disable-component-update", "--disable-sync", "--hide-scrollbars"]
@@ -33,7 +34,9 @@ window.addEventListener("load", () => setTimeout(() => {
   p.textContent = JSON.stringify({title: document.title, h1: (document.querySelector("h1") || {}).textContent || "",
     images: imgs.length, broken: imgs.filter(i => !(i.complete && i.naturalWidth > 0)).map(i => i.getAttribute("src")),
     furo: css.getPropertyValue("--color-brand-primary").trim(), nbdev: css.getPropertyValue("--nbdev-css").trim(),
-    results});
+    results, wide: document.documentElement.scrollWidth - document.documentElement.clientWidth,
+    clipped: [...document.querySelectorAll("div.cell_input pre")].filter(e => e.scrollWidth > e.clientWidth + 1).length,
+    inputs: document.querySelectorAll("div.cell_input pre").length});
   document.body.appendChild(p);
 }, 1500));
 </script>"""
@@ -58,7 +61,7 @@ def probe(probe_site, page, query=""):
     src = probe_site / page
     dst = src.with_name("probe-" + src.name)
     dst.write_text(src.read_text(encoding="utf-8").replace("</body>", PROBE + "</body>"), encoding="utf-8")
-    dom = _chromium("--virtual-time-budget=10000", "--dump-dom", dst.as_uri() + query)
+    dom = _chromium("--window-size=1280,1600", "--virtual-time-budget=10000", "--dump-dom", dst.as_uri() + query)
     m = re.search(r'<pre id="docs-probe">(.*?)</pre>', dom, re.DOTALL)
     assert m, f"the probe did not run on {page}:\n{dom[-1500:]}"
     return json.loads(html.unescape(m.group(1)))
@@ -99,6 +102,8 @@ def test_page_in_browser(site, probe_site, which):
     assert seen["broken"] == [], f"images that did not load on {page}: {seen['broken']}"
     assert seen["images"] == (site / page).read_text(encoding="utf-8").count("<img"), seen
     assert seen["furo"] and seen["nbdev"] == "loaded", f"stylesheets did not apply on {page}: {seen}"
+    # at 1280 px the page does not scroll sideways and no code cell hides its long lines (they wrap: nbdev.css)
+    assert seen["wide"] <= 0 and seen["clipped"] == 0, f"{page} at 1280 px: {seen}"
     screenshot(site, page, f"{which}.png")
 
 

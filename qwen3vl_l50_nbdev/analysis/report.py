@@ -132,32 +132,38 @@ def error_table(df: pd.DataFrame, kind: str = "accumulated", ref: str = "float32
 
 def growth_plot(df: pd.DataFrame, kind: str = "accumulated", metric: str = "rel_l2", ref: str = "float32",
                 title: str = "", logy: bool | None = None):
-    "`metric` per layer: a line per variant (tp, reduce, quant), TP-1 bf16 dashed, a panel per (massive, prompt)."
+    """`metric` per layer: a line per variant (tp, reduce, quant), TP-1 bf16 dashed, a panel per (massive, prompt), one
+    legend under the panels. 720 px wide at dpi 50 (a docs column; the notebooks store 2x PNGs), text 9 px or more."""
     import matplotlib.pyplot as plt
     from matplotlib.ticker import MaxNLocator
     d = _pick(df, kind, ref)
     rows, cols = sorted(d["massive"].unique()), list(dict.fromkeys(d["prompt"]))
-    fig, axes = plt.subplots(len(rows), len(cols), figsize=(3.4 * len(cols), 2.6 * len(rows)), sharex=True, sharey=True,
-                             squeeze=False, dpi=50)   # notebooks render at 2x (retina): keeps the stored PNGs small
     # several CSVs: by file too
     keys = [k for k in ("file", "tp", "reduce", "quant") if k in d and d[k].nunique() > 1] or ["tp"]
-    for i, m in enumerate(rows):
-        for j, p in enumerate(cols):
-            ax = axes[i][j]
-            for key, g in d[(d["massive"] == m) & (d["prompt"] == p)].groupby(keys, sort=False):
-                label = " ".join(f"{k}={v}" for k, v in zip(keys, key if isinstance(key, tuple) else (key,)))
-                base = g["tp"].iloc[0] == 1 and g["quant"].iloc[0] == "none"
-                ax.plot(g["layer"], g[metric], "k--" if base else "-", lw=1.6 if base else 1.1, label=label,
-                        marker=".", ms=3)
-            ax.grid(alpha=0.3, which="both"); ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-            ax.set_title(f"{p}, {'with' if m else 'no'} massive act.", fontsize=9)
-            if j == 0: ax.set_ylabel(f"{kind} {metric}")
-            if i == len(rows) - 1: ax.set_xlabel("decoder layer")
-    if logy if logy is not None else d[metric].max() > 30 * d[metric].min(): axes[0][0].set_yscale("log")
-    else: axes[0][0].set_ylim(bottom=0)
-    axes[0][-1].legend(fontsize=7, loc="best")
-    fig.suptitle(title or f"{kind} {metric} of the bf16 encoder vs the {ref} reference", fontsize=10)
-    fig.tight_layout()
+    nlab = d.groupby(keys).ngroups
+    ncol = min(nlab, 4); lrows = -(-nlab // ncol)
+    height = 3.2 * len(rows) + 0.7 + 0.32 * lrows          # panels, the title, the legend's rows
+    with plt.rc_context({"font.size": 13, "axes.titlesize": 13, "legend.fontsize": 13}):
+        fig, axes = plt.subplots(len(rows), len(cols), figsize=(14.4, height), sharex=True, sharey=True,
+                                 squeeze=False, dpi=50)
+        for i, m in enumerate(rows):
+            for j, p in enumerate(cols):
+                ax = axes[i][j]
+                for key, g in d[(d["massive"] == m) & (d["prompt"] == p)].groupby(keys, sort=False):
+                    label = " ".join(f"{k}={v}" for k, v in zip(keys, key if isinstance(key, tuple) else (key,)))
+                    base = g["tp"].iloc[0] == 1 and g["quant"].iloc[0] == "none"
+                    ax.plot(g["layer"], g[metric], "k--" if base else "-", lw=2 if base else 1.4, label=label,
+                            marker="." if d["layer"].nunique() <= 16 else None, ms=4)   # 50 dots: a thick line
+                ax.grid(alpha=0.3, which="both"); ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+                ax.set_title(f"{p}, {'with' if m else 'no'} massive act.")
+                if j == 0: ax.set_ylabel(f"{kind} {metric}")
+                if i == len(rows) - 1: ax.set_xlabel("decoder layer")
+        if logy if logy is not None else d[metric].max() > 30 * d[metric].min(): axes[0][0].set_yscale("log")
+        else: axes[0][0].set_ylim(bottom=0)
+        handles, labels = axes[0][-1].get_legend_handles_labels()
+        fig.legend(handles, labels, loc="lower center", ncol=ncol, frameon=False, handlelength=2.5)
+        fig.suptitle(title or f"{kind} {metric} of the bf16 encoder vs the {ref} reference", fontsize=15)
+        fig.tight_layout(rect=(0, (0.1 + 0.32 * lrows) / height, 1, 1))
     return fig
 
 # %% ../../nbs/analysis/00b_report.ipynb #e3d9a182
