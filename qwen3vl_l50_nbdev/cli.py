@@ -24,7 +24,7 @@ from .dist import init_world
 from .metrics import diff_table
 from .tp import REDUCE_MODES
 from .fp8 import GRANULARITIES, ACT_MODES
-from .encoder import Encoder, check_inputs
+from .encoder import Encoder, as_prompt
 from .testing import make_tiny_checkpoint, synthetic_inputs, hf_reference
 
 # %% ../nbs/12_cli.ipynb #5309277a
@@ -99,10 +99,15 @@ def cmd_make_tiny(a):
         print(f"wrote a tiny Qwen3-VL checkpoint ({cfg.text.num_hidden_layers} text layers, "
               f"vision depth {cfg.vision.depth}) to {a.dir}")
 
-def _load_inputs(a, cfg) -> dict:
-    "The inputs file (or synthetic inputs), checked against `cfg` (`encoder.check_inputs`) before anything is loaded."
-    if a.inputs is None: return synthetic_inputs(cfg)
-    keys, p = ("input_ids", "pixel_values", "image_grid_thw", "pixel_values_videos", "video_grid_thw"), Path(a.inputs)
+def _load_inputs(a, cfg) -> list[dict]:
+    "Each inputs file (or synthetic inputs), checked against `cfg` (`encoder.as_prompt`) before anything is loaded."
+    if a.inputs is None: return [synthetic_inputs(cfg)]
+    return [_load_one(p, cfg) for p in ([a.inputs] if isinstance(a.inputs, str) else a.inputs)]
+
+def _load_one(path, cfg) -> dict:
+    "One inputs file: its tensors, checked (what an HF processor makes for one prompt)."
+    keys, p = ("input_ids", "pixel_values", "image_grid_thw", "pixel_values_videos", "video_grid_thw",
+               "attention_mask", "mm_token_type_ids"), Path(path)
     if not p.exists(): raise FileNotFoundError(f"--inputs {p}: no such file")
     if p.is_dir(): raise ValueError(f"--inputs {p} is a directory: name a .safetensors file")
     try: d = load_file(p)
@@ -112,10 +117,9 @@ def _load_inputs(a, cfg) -> dict:
         raise ValueError(f"--inputs {p} is not a safetensors file ({e}): save the input tensors with "
                          "safetensors.torch.save_file (pickles are not read)") from e
     if unknown := set(d) - set(keys):
-        raise ValueError(f"{a.inputs}: unknown tensors {sorted(unknown)}; expected some of {keys}")
-    if "input_ids" not in d: raise ValueError(f"{a.inputs}: no 'input_ids' tensor")
-    check_inputs(cfg, **d)
-    return d
+        raise ValueError(f"{path}: unknown tensors {sorted(unknown)}; expected some of {keys}")
+    if "input_ids" not in d: raise ValueError(f"{path}: no 'input_ids' tensor")
+    return as_prompt(cfg, **d)
 
 def _encoder(a, dev):
     return Encoder.from_pretrained(a.model, selected_layer=a.layer, dtype=_DTYPES[a.dtype], device=dev, reduce=a.reduce,
@@ -132,16 +136,18 @@ def _agree(fn):
     if err: raise ValueError(err)
 
 def cmd_encode(a):
-    "Encode an inputs file; rank 0 writes `hidden_states` [seq, hidden]. The output and the inputs are checked first."
+    ("Encode one inputs file (rank 0 writes `hidden_states` [seq, hidden]) or several in one packed call "
+     "(`hidden_states.0`, `hidden_states.1`, ... in order). The output and the inputs are checked first.")
     dev = init_world(a.device)
     _agree(lambda: check_out(a.out))          # only rank 0 writes: its view of --out decides
-    inputs = _load_inputs(a, EncoderConfig.from_hf(a.model, a.layer))
+    xs = _load_inputs(a, EncoderConfig.from_hf(a.model, a.layer))
     enc = _encoder(a, dev)
-    h = enc.encode(**inputs)
+    hs = [enc.encode(**xs[0])] if len(xs) == 1 else enc.encode_batch(xs)
     if is_rank0():
-        out = write_out({"hidden_states": h.contiguous()}, a.out)
+        names = ["hidden_states"] if len(hs) == 1 else [f"hidden_states.{i}" for i in range(len(hs))]
+        out = write_out({n: h.contiguous() for n, h in zip(names, hs)}, a.out)
         via = f" (-> {out})" if str(out) != a.out else ""
-        print(f"wrote hidden_states {list(h.shape)} {h.dtype} to {a.out}{via}")
+        print(f"wrote {', '.join(f'{n} {list(h.shape)}' for n, h in zip(names, hs))} {hs[0].dtype} to {a.out}{via}")
 
 # %% ../nbs/12_cli.ipynb #1a8d126b
 TP_BOUND = 1.25   # tp>1: rel L2 to the reference <= 1.25x HF's own (the numerics contract: TP adds no bf16 noise)
@@ -191,7 +197,7 @@ def why(tp: int, quant: str | None = None) -> str:
 def cmd_check(a) -> int:
     "Diff table against transformers; exit 1 past tolerance. Prints what is compared with what, the rule and why."
     dev = init_world(a.device)
-    inputs = _load_inputs(a, EncoderConfig.from_hf(a.model, a.layer))
+    inputs = _load_inputs(a, EncoderConfig.from_hf(a.model, a.layer))[0]
     enc = _encoder(a, dev)
     ours = enc.encode(**inputs)
     if not is_rank0(): return 0
@@ -251,7 +257,8 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("--text-layers", type=int, default=4, help="decoder layers in the checkpoint")
     s.add_argument("--seed", type=int, default=0, help="seed of the random weights: the same seed, the same bits")
     s.add_argument("--max-shard-size", default=None, help="e.g. 200KB: shard the checkpoint")
-    def model_args(s, model_required=True, layer=50, model_help="HF-format checkpoint directory"):
+    def model_args(s, model_required=True, layer=50, model_help="HF-format checkpoint directory",
+                   several=False):
         s.add_argument("--model", required=model_required, help=model_help)
         s.add_argument("--layer", type=int, default=layer,
                        help="selected layer N: the output is the state after decoder layer N-1 (default: %(default)s)"
@@ -266,10 +273,13 @@ def parser() -> argparse.ArgumentParser:
                        help="weights and compute (default bf16); check's reference is then HF in fp32 (fp64 for fp32)")
         s.add_argument("--device", default=None,
                        help="cpu or cuda (default: cuda when available); torchrun: cuda:LOCAL_RANK")
-        s.add_argument("--inputs", default=None,
-                       help="safetensors with input_ids [+ pixel_values, image_grid_thw, ...]")
-    s = sub.add_parser("encode", help="encode an inputs file; rank 0 writes hidden_states"); model_args(s)
-    s.add_argument("--out", required=True, help="output safetensors (hidden_states [seq, hidden])")
+        if several: s.add_argument("--inputs", default=None, nargs="+", help="safetensors files, each with input_ids "
+                                   "[+ pixel_values, image_grid_thw, ...] of one prompt; several: one packed call")
+        else: s.add_argument("--inputs", default=None,
+                             help="safetensors with input_ids [+ pixel_values, image_grid_thw, ...]")
+    s = sub.add_parser("encode", help="encode inputs files; rank 0 writes hidden_states"); model_args(s, several=True)
+    s.add_argument("--out", required=True,
+                   help="output safetensors: hidden_states [seq, hidden]; for several inputs hidden_states.0, .1, ...")
     s = sub.add_parser("check", help="diff table against transformers; non-zero exit past tolerance"); model_args(s)
     s = sub.add_parser("demo", help="check on every local rank (torchrun): a tiny checkpoint and an image + video "
                        "prompt unless --model / --inputs")
