@@ -238,3 +238,19 @@ def test_error_once_under_torchrun(ckpt, inputs, tmp_path):
         assert r.stderr.count("qwen3vl-l50 encode: error:") == 1 and msg in r.stderr, r.stderr[-3000:]
         assert "exitcode  : 2" in r.stderr and r.stderr.count("Traceback (most recent call last)") <= 1   # launcher's
         assert r.returncode != 0
+
+
+def test_nproc_gives_the_cli_exit_code(ckpt, inputs, tmp_path):
+    "`--nproc N` starts torchrun itself: bad input is said once and exits 2, no launcher traceback; good runs work."
+    f, _ = inputs
+    cli = [sys.executable, "-m", "qwen3vl_l50_nbdev.cli"]
+    run = lambda *a: subprocess.run([*cli, *a], env=ENV, capture_output=True, text=True, timeout=300)
+    bad = run("encode", "--nproc", "2", "--model", str(ckpt), "--layer", "9", "--inputs", str(f),
+              "--out", str(tmp_path / "o.safetensors"))
+    assert bad.returncode == 2, bad.stderr[-3000:]
+    assert bad.stderr.count("qwen3vl-l50 encode: error: selected_layer=9") == 1
+    assert "Traceback" not in bad.stderr and "ChildFailedError" not in bad.stderr, bad.stderr[-3000:]
+    good = run("encode", "--nproc=2", "--model", str(ckpt), "--layer", "3", "--inputs", str(f),
+               "--out", str(out := tmp_path / "o.safetensors"))
+    assert good.returncode == 0 and "wrote hidden_states" in good.stdout, good.stderr[-3000:]
+    assert load_file(out)["hidden_states"].shape[0] == len(load_file(f)["input_ids"])
