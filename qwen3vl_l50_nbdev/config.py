@@ -206,45 +206,43 @@ class EncoderConfig:
                              video_token_id=self.video_token_id, vision_start_token_id=self.vision_start_token_id,
                              vision_end_token_id=self.vision_end_token_id)
 
+    def validate(self, tp: int = 1) -> 'EncoderConfig':
+        "Check the config (and a TP size); raise `ValueError` saying what to change. Returns `self`."
+        t, v = self.text, self.vision
+        for part, name in ((t, "text"), (v, "vision")):
+            for f in dataclasses.fields(part):
+                if type(f.default) is int and not (_is_int(x := getattr(part, f.name)) and x > 0):
+                    raise ValueError(f"{name}.{f.name} = {x!r}: must be a positive integer")
+        if not _is_int(self.selected_layer): raise ValueError(
+            f"selected_layer = {self.selected_layer!r}: must be an integer, 1..{t.num_hidden_layers}")
+        if t.rope_type not in _ROPE_TYPES or t.rope_factor < 1 or (t.rope_type == "default" and t.rope_factor != 1):
+            raise ValueError(f"rope_type={t.rope_type!r}, rope_factor={t.rope_factor}: choose 'default' (factor 1) or "
+                             "'linear' (factor >= 1)")
+        if not 1 <= self.selected_layer <= t.num_hidden_layers:
+            raise ValueError(f"selected_layer={self.selected_layer} but the text model has {t.num_hidden_layers} "
+                             f"decoder layers: choose 1..{t.num_hidden_layers}")
+        if sum(t.mrope_section) * 2 != t.head_dim:
+            raise ValueError(f"mrope_section {list(t.mrope_section)} sums to {sum(t.mrope_section)} "
+                             f"but must sum to head_dim/2 = {t.head_dim // 2}")
+        if t.num_attention_heads % t.num_key_value_heads:
+            raise ValueError(f"num_attention_heads={t.num_attention_heads} is not a multiple of "
+                             f"num_key_value_heads={t.num_key_value_heads}")
+        if v.out_hidden_size != t.hidden_size:
+            raise ValueError(f"vision out_hidden_size={v.out_hidden_size} must equal text hidden_size={t.hidden_size}")
+        if bad := [i for i in v.deepstack_visual_indexes if not 0 <= i < v.depth]:
+            raise ValueError(f"deepstack_visual_indexes {bad} outside the vision depth 0..{v.depth - 1}")
+        if tp < 1 or tp not in tp_sizes(t, max(tp, 1)):
+            dims = dict(num_attention_heads=t.num_attention_heads, num_key_value_heads=t.num_key_value_heads,
+                        vocab_size=t.vocab_size, intermediate_size=t.intermediate_size)
+            bad = {k: n for k, n in dims.items() if tp < 1 or n % tp}
+            raise ValueError(f"tensor-parallel size {tp} does not divide {bad}; sizes that work: {tp_sizes(t)}")
+        return self
+
 # %% ../nbs/00_config.ipynb #325491be
 def tp_sizes(t: TextConfig, upto: int = 64) -> list[int]:
     "Tensor-parallel sizes (up to `upto`) that divide every sharded dimension of `t`."
     dims = (t.num_attention_heads, t.num_key_value_heads, t.vocab_size, t.intermediate_size)
     return [n for n in range(1, upto + 1) if all(d % n == 0 for d in dims)]
-
-# %% ../nbs/00_config.ipynb #4430b59a
-def _validate(self: EncoderConfig, tp: int = 1) -> EncoderConfig:
-    "Check the config (and a TP size); raise `ValueError` saying what to change. Returns `self`."
-    t, v = self.text, self.vision
-    for part, name in ((t, "text"), (v, "vision")):
-        for f in dataclasses.fields(part):
-            if type(f.default) is int and not (_is_int(x := getattr(part, f.name)) and x > 0):
-                raise ValueError(f"{name}.{f.name} = {x!r}: must be a positive integer")
-    if not _is_int(self.selected_layer): raise ValueError(
-        f"selected_layer = {self.selected_layer!r}: must be an integer, 1..{t.num_hidden_layers}")
-    if t.rope_type not in _ROPE_TYPES or t.rope_factor < 1 or (t.rope_type == "default" and t.rope_factor != 1):
-        raise ValueError(f"rope_type={t.rope_type!r}, rope_factor={t.rope_factor}: choose 'default' (factor 1) or "
-                         "'linear' (factor >= 1)")
-    if not 1 <= self.selected_layer <= t.num_hidden_layers:
-        raise ValueError(f"selected_layer={self.selected_layer} but the text model has {t.num_hidden_layers} "
-                         f"decoder layers: choose 1..{t.num_hidden_layers}")
-    if sum(t.mrope_section) * 2 != t.head_dim:
-        raise ValueError(f"mrope_section {list(t.mrope_section)} sums to {sum(t.mrope_section)} "
-                         f"but must sum to head_dim/2 = {t.head_dim // 2}")
-    if t.num_attention_heads % t.num_key_value_heads:
-        raise ValueError(f"num_attention_heads={t.num_attention_heads} is not a multiple of "
-                         f"num_key_value_heads={t.num_key_value_heads}")
-    if v.out_hidden_size != t.hidden_size:
-        raise ValueError(f"vision out_hidden_size={v.out_hidden_size} must equal text hidden_size={t.hidden_size}")
-    if bad := [i for i in v.deepstack_visual_indexes if not 0 <= i < v.depth]:
-        raise ValueError(f"deepstack_visual_indexes {bad} outside the vision depth 0..{v.depth - 1}")
-    if tp < 1 or tp not in tp_sizes(t, max(tp, 1)):
-        dims = dict(num_attention_heads=t.num_attention_heads, num_key_value_heads=t.num_key_value_heads,
-                    vocab_size=t.vocab_size, intermediate_size=t.intermediate_size)
-        bad = {k: n for k, n in dims.items() if tp < 1 or n % tp}
-        raise ValueError(f"tensor-parallel size {tp} does not divide {bad}; sizes that work: {tp_sizes(t)}")
-    return self
-EncoderConfig.validate = _validate
 
 # %% ../nbs/00_config.ipynb #3d70a066
 def qwen3vl_32b(selected_layer: int = 50) -> EncoderConfig:
