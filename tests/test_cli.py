@@ -92,7 +92,7 @@ def test_demo_honours_its_flags(ckpt, inputs):
 
 
 @pytest.mark.parametrize("change,msg", [
-    (dict(input_ids=lambda x: x["input_ids"][None]), "must be a 1-D tensor"),
+    (dict(input_ids=lambda x: torch.stack([x["input_ids"]] * 2)), "input_ids holds 2 prompts"),
     (dict(input_ids=lambda x: x["input_ids"].float()), "must be integer"),
     (dict(input_ids=lambda x: torch.cat([x["input_ids"], torch.tensor([5000])])), "must be in [0, 1024)"),
     (dict(pixel_values=lambda x: x["pixel_values"][:-2]), "has 30 rows but image_grid_thw"),
@@ -121,10 +121,15 @@ def test_bad_layer_and_model(ckpt, inputs, tmp_path, capsys):
     assert main(args + ["--model", str(tmp_path / "nope"), "--layer", "3"]) == 2
     assert "no config.json" in capsys.readouterr().err
     extra = tmp_path / "extra.safetensors"
-    save_file({"input_ids": torch.tensor([1, 2, 3]), "attention_mask": torch.ones(3)}, extra)
+    save_file({"input_ids": torch.tensor([1, 2, 3]), "position_ids": torch.arange(3)}, extra)
     assert main(["encode", "--model", str(ckpt), "--inputs", str(extra), "--out", str(tmp_path / "o.safetensors"),
                  "--layer", "3"]) == 2
-    assert "unknown tensors ['attention_mask']" in capsys.readouterr().err
+    assert "unknown tensors ['position_ids']" in capsys.readouterr().err
+    padded = tmp_path / "padded.safetensors"   # an HF processor's mask is read: a padded prompt is refused
+    save_file({"input_ids": torch.tensor([1, 2, 3]), "attention_mask": torch.tensor([1, 1, 0])}, padded)
+    assert main(["encode", "--model", str(ckpt), "--inputs", str(padded), "--out", str(tmp_path / "o.safetensors"),
+                 "--layer", "3"]) == 2
+    assert "attention_mask masks 1 token(s): the prompt is padded" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("cmd", ["make-tiny", "encode", "check", "demo"])
