@@ -19,7 +19,7 @@ import torch.nn as nn
 from safetensors import safe_open, SafetensorError
 from tqdm import tqdm
 from .text import TP_PLAN
-from .config import _exists, _read_json, _is_int
+from .config import path_exists, read_json, is_int
 
 # %% ../nbs/07_loading.ipynb #40148614
 # HF's modules -> ours; below them names are equal
@@ -165,14 +165,14 @@ class Entry(NamedTuple):
 
 def _config_json(path: Path, selected_layer: int) -> dict:
     "`config.json`, checked: not quantized, and at least `selected_layer` decoder layers."
-    if not _exists(f := path / "config.json"):
+    if not path_exists(f := path / "config.json"):
         raise FileNotFoundError(f"no config.json in {path}: pass an HF checkpoint directory")
-    d = _read_json(f)
+    d = read_json(f)
     if q := d.get("quantization_config") or (d.get("text_config") or {}).get("quantization_config"):
         raise ValueError(f"{path} is a serialized quantized checkpoint (config.json has quantization_config "
                          f"{ {k: q[k] for k in list(q)[:3]} }): only online FP8 is supported: "
                          "load the bf16 checkpoint with quant='fp8'")
-    if _is_int(n := (d.get("text_config") or {}).get("num_hidden_layers", selected_layer)) and n < selected_layer:
+    if is_int(n := (d.get("text_config") or {}).get("num_hidden_layers", selected_layer)) and n < selected_layer:
         raise ValueError(f"{path} has {n} decoder layers (config.json text_config.num_hidden_layers) "
                          f"but selected_layer={selected_layer} needs layers 0..{selected_layer - 1}: "
                          f"choose selected_layer <= {n}")
@@ -180,8 +180,8 @@ def _config_json(path: Path, selected_layer: int) -> dict:
 
 def _weight_map(path: Path) -> dict[str, str] | None:
     "`model.safetensors.index.json`'s `weight_map` (tensor -> shard file), checked; None when there is no index."
-    if not _exists(index := path / "model.safetensors.index.json"): return None
-    wm = _read_json(index).get("weight_map")
+    if not path_exists(index := path / "model.safetensors.index.json"): return None
+    wm = read_json(index).get("weight_map")
     if not isinstance(wm, dict) or not wm or not all(isinstance(v, str) for v in wm.values()):
         raise ValueError(f"{index} has no usable weight_map (an object: tensor name -> shard file name; got "
                          f"{json.dumps(wm)[:60]}): copy or download the index again")
@@ -191,11 +191,11 @@ def _files(path: Path) -> list[Path]:
     "The checkpoint's safetensors files: those `model.safetensors.index.json` lists, or `model.safetensors`."
     if (wm := _weight_map(path)) is not None:
         files = sorted(set(wm.values()))
-        if missing := [f for f in files if not _exists(path / f)]:
+        if missing := [f for f in files if not path_exists(path / f)]:
             raise FileNotFoundError(f"model.safetensors.index.json lists {len(missing)} file(s) missing from {path}: "
                                     f"{missing}")
         return [path / f for f in files]
-    if _exists(path / "model.safetensors"): return [path / "model.safetensors"]
+    if path_exists(path / "model.safetensors"): return [path / "model.safetensors"]
     raise FileNotFoundError(f"no model.safetensors or model.safetensors.index.json in {path}")
 
 def _headers(files: list[Path], weight_map: dict | None = None) -> dict[str, Entry]:
