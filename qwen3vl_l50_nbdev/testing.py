@@ -4,8 +4,8 @@
 
 # %% auto #0
 __all__ = ['fake_group', 'synthetic_inputs', 'make_tiny_checkpoint', 'hf_shapes', 'broken_checkpoint', 'rewrite_tensors',
-           'edit_config', 'hf_reference', 'copy_hf_', 'check_primitives', 'reduce_error', 'check_fp8_tp_layers',
-           'encode_on_ranks']
+           'edit_config', 'hf_reference', 'hf_forward', 'copy_hf_', 'check_primitives', 'reduce_error',
+           'check_fp8_tp_layers', 'encode_on_ranks']
 
 # %% ../nbs/13_testing.ipynb #b8fa3892
 import os
@@ -112,7 +112,11 @@ def hf_reference(path, inputs: dict, selected_layer: int, dtype=torch.float32, d
              .model.to(device).eval())
     lm = model.language_model
     lm.layers, lm.norm = lm.layers[:selected_layer], nn.Identity()
-    cfg = EncoderConfig.from_hf(model.config, selected_layer)
+    return hf_forward(model, EncoderConfig.from_hf(model.config, selected_layer), inputs, device)
+
+def hf_forward(model: nn.Module, cfg: EncoderConfig, inputs: dict, device="cpu") -> torch.Tensor:
+    ("A `Qwen3VLModel`'s `last_hidden_state` for one prompt's `encode` inputs (token types from `cfg`): "
+     "[seq, hidden] on the CPU.")
     ids = inputs["input_ids"].to(device)[None]
     kw = {k: v.to(device) for k, v in inputs.items() if k != "input_ids"}
     out = model(input_ids=ids, attention_mask=torch.ones_like(ids), mm_token_type_ids=mm_token_types(ids, cfg),
