@@ -48,7 +48,7 @@ class _Graph:
     def __init__(self, inputs: list, graph, out: torch.Tensor): self.inputs, self.graph, self.out = inputs, graph, out
 
 class TextRunner:
-    "Runs a `TextModel` eagerly (CPU) or from CUDA graphs cached per input signature; `padded`: at bucket lengths."
+    "Runs a `TextModel` eagerly (CPU) or from CUDA graphs cached per input signature; `padded`: at `pad_to` lengths."
     def __init__(self, text: nn.Module, padded: bool = False, graphs: bool = True, max_graphs: int = 16):
         self.text, self.padded, self.use_graphs, self.max_graphs = text, padded, graphs, max_graphs
         self.graphs, self.pool, self.captures = OrderedDict(), None, 0

@@ -187,9 +187,9 @@ def _weight_map(path: Path) -> dict[str, str] | None:
                          f"{json.dumps(wm)[:60]}): copy or download the index again")
     return wm
 
-def _files(path: Path) -> list[Path]:
-    "The checkpoint's safetensors files: those `model.safetensors.index.json` lists, or `model.safetensors`."
-    if (wm := _weight_map(path)) is not None:
+def _files(path: Path, wm: dict | None) -> list[Path]:
+    "The checkpoint's safetensors files: those the index's weight map `wm` lists, or `model.safetensors`."
+    if wm is not None:
         files = sorted(set(wm.values()))
         if missing := [f for f in files if not path_exists(path / f)]:
             raise FileNotFoundError(f"model.safetensors.index.json lists {len(missing)} file(s) missing from {path}: "
@@ -239,7 +239,8 @@ def check_checkpoint(path, model: nn.Module) -> dict[str, Entry]:
      "return the `Entry` of each tensor to load.")
     path, N = Path(path), _depth(model)
     _config_json(path, N)
-    entries = _headers(_files(path), _weight_map(path))
+    wm = _weight_map(path)   # the index, read once
+    entries = _headers(_files(path, wm), wm)
     if f8 := [f"{k} is {e.dtype} in {e.file.name}" for k, e in entries.items() if e.dtype.startswith("F8")]:
         raise ValueError(f"serialized FP8 checkpoints are not supported ({len(f8)} float8 tensor(s); {f8[0]}): "
                          f"only online FP8: load the bf16 checkpoint with quant='fp8'")
