@@ -143,8 +143,10 @@ def run(cfg: EncoderConfig, full: bool, device, reps: int = 5, variants=("hf_eag
     weight_bytes = sum(p.numel() * p.element_size() for p in enc.text.layers.parameters())
     floor = lambda n: floor_ms(cfg, n, weight_bytes, peak, bw)
     log(f"[{time.time() - t0:6.1f} s] bf16 GEMM peak {peak:.0f} TFLOP/s, memory {bw:.0f} GB/s")
+    n = 128 if full else 32       # a diffusion pipeline's prompt and negative prompt: one call, or two
+    pair = [text_case(cfg, n, seed=1), text_case(cfg, n, seed=2)]
     todo, refs = cases(cfg, full), {}
-    for name, x in todo.items():              # fp32 references first, while memory is free
+    for name, x in [*todo.items(), ("pair 0", pair[0]), ("pair 1", pair[1])]:   # fp32 references, while memory is free
         try:
             with torch.inference_mode(), fp32_hf(hf): refs[name] = hf_forward(hf, cfg, x, device)
         except torch.OutOfMemoryError:
@@ -159,6 +161,7 @@ def run(cfg: EncoderConfig, full: bool, device, reps: int = 5, variants=("hf_eag
         sync(cuda); warm_buckets = time.perf_counter() - t
         log(f"[{time.time() - t0:6.1f} s] fast mode warm-up of the buckets: {warm_buckets:.1f} s")
     rows, hf_out = [], {}
+    err = lambda x, ref: diff_row(x, ref)["rel_l2"]
     def timed(todo, variants, ref_to):      # one row per case and variant; `ref_to`: the case's HF eager output
         for name, x in todo.items():
             n, ref = len(x["input_ids"]), refs[name]
@@ -186,8 +189,6 @@ def run(cfg: EncoderConfig, full: bool, device, reps: int = 5, variants=("hf_eag
             log(f"[{time.time() - t0:6.1f} s] {name}: "
                 + ", ".join(f"{v} {statistics.median(ms[v]):.1f} ms (first {warm[v]:.1f} s)" for v in variants))
     timed(todo, variants, hf_out)
-    n = 128 if full else 32       # a diffusion pipeline's prompt and negative prompt: one call, or two
-    pair = [text_case(cfg, n, seed=1), text_case(cfg, n, seed=2)]
     with torch.inference_mode():
         for v in [v for v in variants if not v.startswith("hf")]:
             solo = [call(v, x) for x in pair] + [call(v, x) for x in pair]
@@ -204,7 +205,9 @@ def run(cfg: EncoderConfig, full: bool, device, reps: int = 5, variants=("hf_eag
                              batch_ratio=statistics.median(one) / statistics.median(two),
                              floor_ms=floor(2 * n), floor_ratio=floor(2 * n) / (2 * floor(n)),
                              bitwise_to_solo=all(torch.equal(a, b) for a, b in zip(packed, solo)),
-                             rel_l2_to_solo=max(diff_row(a, b)["rel_l2"] for a, b in zip(packed, solo))))
+                             rel_l2_to_solo=max(diff_row(a, b)["rel_l2"] for a, b in zip(packed, solo)),
+                             err_x_solo=max(err(a, refs[f"pair {i}"]) / err(b, refs[f"pair {i}"])
+                                            for i, (a, b) in enumerate(zip(packed, solo)))))
             log(f"{rows[-1]['case']}, {v}: {rows[-1]['ms']:.1f} ms, two calls {rows[-1]['two_calls_ms']:.1f} ms")
     if fp8:                       # HF freed (its compiled code too), our decoder in FP8, the graphs captured anew
         hf = hf_comp = None
