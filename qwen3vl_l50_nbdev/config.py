@@ -236,15 +236,15 @@ class EncoderConfig:
             raise ValueError(f"deepstack_visual_indexes {bad} outside the vision depth 0..{v.depth - 1}")
         if tp < 1 or tp not in tp_sizes(t, max(tp, 1)):
             dims = dict(num_attention_heads=t.num_attention_heads, num_key_value_heads=t.num_key_value_heads,
-                        vocab_size=t.vocab_size, intermediate_size=t.intermediate_size)
+                        intermediate_size=t.intermediate_size)   # the vocabulary is padded (tp.VocabParallelEmbedding)
             bad = {k: n for k, n in dims.items() if tp < 1 or n % tp}
             raise ValueError(f"tensor-parallel size {tp} does not divide {bad}; sizes that work: {tp_sizes(t)}")
         return self
 
 # %% ../nbs/00_config.ipynb #325491be
 def tp_sizes(t: TextConfig, upto: int = 64) -> list[int]:
-    "Tensor-parallel sizes (up to `upto`) that divide every sharded dimension of `t`."
-    dims = (t.num_attention_heads, t.num_key_value_heads, t.vocab_size, t.intermediate_size)
+    "Tensor-parallel sizes (up to `upto`) that divide the heads, the KV heads and the MLP width of `t` (not the vocab)."
+    dims = (t.num_attention_heads, t.num_key_value_heads, t.intermediate_size)
     return [n for n in range(1, upto + 1) if all(d % n == 0 for d in dims)]
 
 # %% ../nbs/00_config.ipynb #3d70a066
@@ -271,7 +271,8 @@ def param_counts(cfg: EncoderConfig, tp: int = 1) -> dict:
     cfg.validate(tp)
     t, v, L = cfg.text, cfg.vision, cfg.selected_layer
     attn = t.hidden_size * t.head_dim * (2 * t.num_attention_heads + 2 * t.num_key_value_heads)  # q, k, v, o
-    sharded = t.vocab_size * t.hidden_size + L * (attn + 3 * t.hidden_size * t.intermediate_size)
+    vocab = -(-t.vocab_size // tp) * tp   # padded to a multiple of tp (tp.VocabParallelEmbedding)
+    sharded = vocab * t.hidden_size + L * (attn + 3 * t.hidden_size * t.intermediate_size)
     replicated = L * (2 * t.hidden_size + 2 * t.head_dim)  # input/post-attention norms, q/k norms
     d, m = v.hidden_size, v.hidden_size * v.spatial_merge_size ** 2
     block = (4 * d + _linear(d, 3 * d) + _linear(d, d) + _linear(d, v.intermediate_size)

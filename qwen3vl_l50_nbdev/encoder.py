@@ -6,6 +6,8 @@
 __all__ = ['check_inputs', 'as_prompt', 'NotMember', 'Encoder']
 
 # %% ../nbs/08_encoder.ipynb #d0b65198
+import contextlib
+from typing import Iterable
 import torch
 import torch.nn as nn
 from .config import EncoderConfig
@@ -15,9 +17,10 @@ from .vision import VisionModel, check_pixels
 from .text import TextModel
 from .rope import rope_index, mm_token_types
 from .deepstack import placeholder_masks, scatter_visual, merge_deepstack
-from .loading import load_checkpoint
+from .loading import load_checkpoint, load_weights, checkpoint_tensors, _missing_message
 from .fp8 import quantize_model_, check_fp8_modes
 from .fast import check_mode, set_fused_, compile_layers_, TextRunner
+from .offload import check_offload, CpuOffload, LayerwiseOffload
 
 # %% ../nbs/08_encoder.ipynb #49b5d5c5
 def _check_visual(cfg: EncoderConfig, ids, pixels, grid, kind: str, token_id: int):
@@ -93,12 +96,26 @@ def as_prompt(cfg: EncoderConfig, input_ids, pixel_values=None, image_grid_thw=N
                 pixel_values_videos=pixel_values_videos, video_grid_thw=video_grid_thw)
 
 # %% ../nbs/08_encoder.ipynb #6376cd2b
-class NotMember:
-    "What `Encoder.from_pretrained` returns on a rank outside the encoder group: using it raises, saying why."
-    def __init__(self, group: Group): self.group = group
-    def __getattr__(self, name):
-        raise RuntimeError(f"rank {self.group.global_rank} is not in the encoder group {list(self.group.ranks)}: "
-                           f"the encoder was loaded only on those ranks; call {name} there")
+class NotMember(nn.Module):
+    "What `Encoder.from_pretrained` returns on a rank outside the encoder group: a module without weights; calls raise."
+    is_loaded = False   # no weights on this rank
+    def __init__(self, group: Group, cfg: EncoderConfig | None = None):
+        super().__init__()
+        self.group, self.cfg = group, cfg
+
+    def _why(self, what: str) -> str:
+        return (f"rank {self.group.global_rank} is not in the encoder group {list(self.group.ranks)}: the encoder was "
+                f"loaded only on those ranks; {what} there (is_loaded is False here)")
+    def forward(self, *args, **kw): raise RuntimeError(self._why("call it"))
+    def encode(self, *args, **kw): raise RuntimeError(self._why("call encode"))
+    def encode_batch(self, *args, **kw): raise RuntimeError(self._why("call encode_batch"))
+    def extra_repr(self) -> str:
+        return f"rank {self.group.global_rank}, encoder group {list(self.group.ranks)}: no weights"
+    def __getattr__(self, name: str):
+        try: return super().__getattr__(name)
+        except AttributeError:
+            if name.startswith("_") or "group" not in self.__dict__: raise   # copy, pickle: plain attribute lookups
+            raise AttributeError(self._why(f"use .{name}")) from None
 
 # %% ../nbs/08_encoder.ipynb #babb1bc1
 import functools
@@ -116,9 +133,17 @@ def _serialised(encode):
         finally: lock.release()
     return run
 
+def _check_placement(offload: str | None, mode: str):
+    "`offload` and `mode`, each known, and together possible; else a `ValueError` saying what to choose."
+    check_mode(mode); check_offload(offload)
+    if offload == "layerwise" and mode == "fast":
+        raise ValueError("offload='layerwise' runs the decoder layers eagerly, one by one: use mode='exact' "
+                         "(mode='fast' compiles the layers and replays CUDA graphs)")
+
 # %% ../nbs/08_encoder.ipynb #ea192da2
 class Encoder(nn.Module):
     "The Qwen3-VL layer-N encoder: replicated vision tower, tensor-parallel text decoder cut at `cfg.selected_layer`."
+    is_loaded = True   # this rank holds weights (a `NotMember` holds none)
     def __init__(self, cfg: EncoderConfig, group: Group | None = None, reduce: str = "fp32",
                  dtype=torch.bfloat16, device=None, mode: str = "exact"):
         super().__init__()
@@ -130,36 +155,124 @@ class Encoder(nn.Module):
         self.text = TextModel(cfg.text, cfg.selected_layer, self.group, reduce, dtype, self.device)
         if mode == "fast": set_fused_(self.text)
         self.runner = TextRunner(self.text, padded=mode == "fast")   # CUDA graphs of the decoder (eager on the CPU)
+        self.offloader, self._ring = None, 2   # `offload.CpuOffload` or `.LayerwiseOffload` (`set_offload`)
 
     @classmethod
     def from_pretrained(cls, path, selected_layer: int = 50, dtype=torch.bfloat16, device=None,
                         group: Group | None = None, reduce: str = "fp32", quant: str | None = None,
                         fp8_granularity: str = "channel", fp8_act: str = "token", progress: bool | None = None,
-                        mode: str = "exact"):
-        "Load an HF-format Qwen3-VL checkpoint directory onto the encoder group (default: every rank of the world)."
+                        mode: str = "exact", offload: str | None = None, ring: int = 2):
+        ("Load an HF-format Qwen3-VL checkpoint directory onto the encoder group (default: every rank of the world); "
+         "`offload`: None, 'cpu' or 'layerwise' (`ring` device buffers).")
         if quant not in (None, "fp8"): raise ValueError(f"quant={quant!r}: choose None or 'fp8'")
         if quant: check_fp8_modes(fp8_granularity, fp8_act)
-        check_mode(mode)
+        _check_placement(offload, mode)
         cfg = EncoderConfig.from_hf(path, selected_layer)
         group = group or encoder_group()
-        if not group.is_member: return NotMember(group)
+        if not group.is_member: return NotMember(group, cfg)
         if device is None:
             device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else "cpu"
-        enc = cls(cfg, group, reduce, dtype, device, mode)
+        enc = cls(cfg, group, reduce, dtype, "cpu" if offload else device, mode)   # offloaded: loaded into host memory
         enc.load_stats = load_checkpoint(enc, path, progress=group.rank == 0 if progress is None else progress)
         # online FP8: the decoder projections only
         if quant == "fp8": quantize_model_(enc.text, fp8_granularity, fp8_act)
-        if mode == "fast": compile_layers_(enc.text)   # after FP8: the compiled layers are the ones that run
+        if offload: enc.device = torch.device(device); enc.set_offload(offload, ring)
+        elif mode == "fast": compile_layers_(enc.text)   # after FP8: the compiled layers are the ones that run
         return enc
+
+    @property
+    def offload(self) -> str | None:
+        "Where the weights live: None (on `device`), 'cpu' or 'layerwise' (`set_offload`)."
+        return None if self.offloader is None else self.offloader.kind
+
+    def set_offload(self, offload: str | None, ring: int = 2) -> "Encoder":
+        ("Move the weights: None (all on `device`), 'cpu' (pinned host memory; `load_to_device`, `offload_to_cpu`) "
+         "or 'layerwise' (decoder layers streamed through `ring` device buffers, the rest on `device`).")
+        _check_placement(offload, self.mode)
+        host = self.offloader.release() if self.offloader else {}   # the packed host copies are reused
+        self.offloader, self._ring = None, ring
+        self._drop_graphs()
+        resident = {"vision": self.vision, "embed_tokens": self.text.embed_tokens}
+        layers = {f"layers.{i}": m for i, m in enumerate(self.text.layers)}
+        if offload == "cpu": self.offloader = CpuOffload(resident | layers, self.device, host)
+        else:
+            for m in (resident | ({} if offload else layers)).values(): m.to(self.device)
+            if offload: self.offloader = LayerwiseOffload(self.text.layers, self.device, ring, host)
+        if self.device.type == "cuda": torch.cuda.empty_cache()   # what moved off the device is free for others
+        return self
+
+    def _cpu_offload(self, what: str) -> CpuOffload:
+        if self.offload != "cpu":
+            raise RuntimeError(f"{what} moves the weights of an encoder with offload='cpu', this one has offload="
+                               f"{self.offload!r}: use from_pretrained(..., offload='cpu') or set_offload('cpu')")
+        return self.offloader
+
+    def load_to_device(self) -> "Encoder":
+        "offload='cpu': copy the weights from pinned host memory to `device`, where they stay until `offload_to_cpu`."
+        self._cpu_offload("load_to_device").load_to_device()
+        return self
+
+    def offload_to_cpu(self) -> "Encoder":
+        "offload='cpu': let the device copy of the weights go (the pinned host copy stays)."
+        self._cpu_offload("offload_to_cpu").offload_to_cpu()
+        self._drop_graphs()   # they read the device copy
+        return self
+
+    def _drop_graphs(self):
+        "Forget the decoder's captured CUDA graphs: they hold the addresses of weights that moved."
+        self.runner.graphs.clear(); self.runner.pool = None
+
+    def _apply(self, fn, recurse=True):
+        "`.to`, `.cuda`, `.float`, ... as `nn.Module`'s, keeping `device` and `dtype`; offloaded: only `device` moves."
+        if self.offloader is None:
+            super()._apply(fn, recurse)
+            w = self.text.embed_tokens.weight
+            self.device, self.dtype = w.device, w.dtype
+            self._drop_graphs()
+            return self
+        here = torch.empty(0, dtype=self.dtype, device=self.device)
+        to = fn(here)   # where and what `fn` makes a weight
+        if to.dtype != self.dtype:
+            raise ValueError(f"offload={self.offload!r}: the weights stay {self.dtype} in host memory; to cast them, "
+                             "set_offload(None) first, or load the encoder with that dtype")
+        if to.device != here.device:   # (cuda and cuda:0 are one device)
+            on = self.offload == "cpu" and self.offloader.on_device and self.device.type != "cpu"
+            self.device = to.device
+            self.set_offload(self.offload, self._ring)
+            if on: self.load_to_device()
+        return self
+
+    def load_weights(self, pairs: Iterable) -> "Encoder":
+        ("Fill the encoder from `(HF name, tensor)` pairs of any source, checked as `from_pretrained` checks a "
+         "checkpoint: each tensor known, once, of the right shape, and none missing (the same message).")
+        want, seen = checkpoint_tensors(self), set()
+        def named():
+            for name, t in pairs:
+                seen.add("model." + name if name.startswith(("language_model.", "visual.")) else name); yield name, t
+        reload = self.offload == "cpu" and self.offloader.on_device and self.device.type != "cpu"
+        if reload: self.offload_to_cpu()   # fill the host copy, the one that is kept
+        try: load_weights(self, named())
+        except RuntimeError:   # a parameter not filled: name the missing tensors as from_pretrained does
+            if missing := sorted(want.keys() - seen): raise ValueError(_missing_message(missing, want)) from None
+            raise
+        finally:
+            if self.offload == "layerwise": self.offloader.invalidate()   # the ring holds copies of the old weights
+            if reload: self.load_to_device()
+        return self
 
     @_serialised
     @torch.inference_mode()
+    def forward(self, input_ids: torch.Tensor, pixel_values=None, image_grid_thw=None,
+                pixel_values_videos=None, video_grid_thw=None, **processor) -> torch.Tensor:
+        "`encode` as a module call: `enc(...)` runs the module's hooks around it (accelerate's offload hooks too)."
+        return self._forward([as_prompt(self.cfg, input_ids, pixel_values, image_grid_thw, pixel_values_videos,
+                                        video_grid_thw, **processor)])[0]
+
     def encode(self, input_ids: torch.Tensor, pixel_values=None, image_grid_thw=None,
                pixel_values_videos=None, video_grid_thw=None, **processor) -> torch.Tensor:
         ("The unnormalized state after decoder layer `selected_layer-1`: [seq, hidden] on the CPU, in the model dtype. "
          "`input_ids` [seq] or [1, seq]; `processor`: an HF processor's `attention_mask`, `mm_token_type_ids`.")
-        return self._forward([as_prompt(self.cfg, input_ids, pixel_values, image_grid_thw, pixel_values_videos,
-                                        video_grid_thw, **processor)])[0]
+        return self(input_ids, pixel_values, image_grid_thw, pixel_values_videos, video_grid_thw, **processor)
 
     @_serialised
     @torch.inference_mode()
@@ -170,8 +283,25 @@ class Encoder(nn.Module):
             raise ValueError("encode_batch takes a non-empty list of prompts, each a dict of encode's arguments")
         return self._forward([as_prompt(self.cfg, **p) for p in prompts])
 
+    @contextlib.contextmanager
+    def _weights_placed(self):
+        "Within: the weights where the model reads them (offload='cpu', offloaded: on the device for this call only)."
+        o = self.offloader
+        lend = self.offload == "cpu" and not o.on_device
+        if lend: o.load_to_device(); graphs, self.runner.use_graphs = self.runner.use_graphs, False   # none per call
+        try: yield
+        except BaseException:
+            if self.offload == "layerwise": o.unbind()   # a pass that raised half-way left a layer in the ring
+            raise
+        finally:
+            if lend: self.runner.use_graphs = graphs; o.offload_to_cpu()
+
     def _forward(self, prompts: list[dict]) -> list[torch.Tensor]:
         "Checked prompts -> their states: one embedding, vision and decoder pass over the prompts packed."
+        with self._weights_placed(): return self._run(prompts)
+
+    def _run(self, prompts: list[dict]) -> list[torch.Tensor]:
+        "`_forward` with the weights placed."
         lens = [len(p["input_ids"]) for p in prompts]
         ids = torch.cat([p["input_ids"] for p in prompts]).to(self.device, torch.long)
         h = self.text.embed_tokens(ids)

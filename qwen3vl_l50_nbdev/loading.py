@@ -90,9 +90,9 @@ def _part(mod: nn.Module, leaf: str, split: int | None) -> torch.Tensor:
     return p if split is None else p.split(mod.local_splits)[split]
 
 def full_shape(mod: nn.Module, leaf: str, split: int | None) -> tuple:
-    "The shape of the checkpoint tensor that this parameter (split) is a slice of."
+    "The shape of the checkpoint tensor that this parameter (split) is a slice of (without a TP layer's `padding`)."
     s = list(_part(mod, leaf, split).shape)
-    if (dim := sharding_rule(mod, leaf)) is not None: s[dim] *= mod.group.size
+    if (dim := sharding_rule(mod, leaf)) is not None: s[dim] = s[dim] * mod.group.size - mod.padding
     return tuple(s)
 
 def fill_(mod: nn.Module, leaf: str, split: int | None, full):
@@ -299,5 +299,8 @@ def unshard(models: list[nn.Module]) -> dict[str, torch.Tensor]:
             parts = [_part(m, leaf, split) for m in mods]
             if dim is None and not all(torch.equal(parts[0], p) for p in parts[1:]):
                 raise ValueError(f"replicated parameter {name} differs between ranks")
-            out[source_name(name, split)] = torch.cat(parts, dim) if dim is not None else parts[0]
+            if dim is not None:   # the shards in order, less the padding the layer added (the embedding's zero rows)
+                full = torch.cat(parts, dim)
+                out[source_name(name, split)] = full.narrow(dim, 0, full.shape[dim] - mods[0].padding)
+            else: out[source_name(name, split)] = parts[0]
     return out

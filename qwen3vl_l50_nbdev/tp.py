@@ -31,13 +31,15 @@ def _no_split(layer: nn.Module, split):
         raise ValueError(f"{type(layer).__name__} holds one tensor: load it with split=None, got {split!r}")
 
 class VocabParallelEmbedding(nn.Module):
-    "Embedding table split by rows (vocabulary) over the group; output replicated."
+    "Embedding table split by rows (vocabulary) over the group, padded to a multiple of its size; output replicated."
     shard_dim = 0   # the weight's rows are split over the group
     def __init__(self, num_embeddings: int, dim: int, group: Group | None = None, dtype=torch.bfloat16, device=None):
         super().__init__()
-        self.group = group or Group.local()
-        self.per_rank = divide(num_embeddings, self.group.size, "vocab_size")
+        self.group, self.num_embeddings = group or Group.local(), num_embeddings
+        self.per_rank = -(-num_embeddings // self.group.size)              # ceil: any vocabulary at any TP size
+        self.padding = self.per_rank * self.group.size - num_embeddings    # zero rows after the last real one
         self.start = self.group.rank * self.per_rank
+        self.rows = max(0, min(self.per_rank, num_embeddings - self.start))   # this rank's real rows, then padding
         self.weight = nn.Parameter(torch.empty(self.per_rank, dim, dtype=dtype, device=device), requires_grad=False)
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
@@ -48,14 +50,18 @@ class VocabParallelEmbedding(nn.Module):
         return self.group.all_reduce(out)
 
     def load(self, full_weight: torch.Tensor, split: None = None):
-        "Copy this rank's rows from the full (unsharded) table."
+        "Copy this rank's rows from the full (unsharded, unpadded) table; the padding rows are zeros."
         _no_split(self, split)
-        self.weight.data.copy_(shard(full_weight, 0, self.group.rank, self.group.size))
+        if full_weight.shape[0] != self.num_embeddings:
+            raise ValueError(f"the table has {full_weight.shape[0]} rows but the vocabulary is {self.num_embeddings}")
+        self.weight.data[self.rows:].zero_()
+        if self.rows: self.weight.data[:self.rows].copy_(full_weight.narrow(0, self.start, self.rows))
 
 # %% ../nbs/02_tp.ipynb #cb31aaa1
 class ColumnParallelLinear(nn.Module):
     "A linear whose output features (one or more logical `splits`) are sharded over the group."
     shard_dim = 0   # the weight's rows (output features) are split over the group, each logical split on its own
+    padding = 0     # nothing added to the full weight: the group must divide every split
     def __init__(self, in_features: int, splits: list[int], group: Group | None = None, bias: bool = False,
                  dtype=torch.bfloat16, device=None, fused: bool = False):
         super().__init__()
@@ -86,6 +92,7 @@ REDUCE_MODES = ("bf16", "fp32", "fp32-partials")
 class RowParallelLinear(nn.Module):
     "A linear whose input features are sharded over the group; partial outputs all-reduced per `reduce`."
     shard_dim = 1   # the weight's columns (input features) are split over the group
+    padding = 0     # nothing added to the full weight: the group must divide the input features
     def __init__(self, in_features: int, out_features: int, group: Group | None = None, bias: bool = False,
                  reduce: str = "fp32", dtype=torch.bfloat16, device=None):
         super().__init__()

@@ -12,6 +12,7 @@ from qwen3vl_l50_nbdev.cli import main
 from qwen3vl_l50_nbdev.config import EncoderConfig
 from qwen3vl_l50_nbdev.testing import synthetic_inputs, hf_reference
 from qwen3vl_l50_nbdev.metrics import diff_row
+from qwen3vl_l50_nbdev.inputs import Processor, sample_photo
 
 ENV = os.environ | {"OMP_NUM_THREADS": "1"}
 
@@ -27,6 +28,16 @@ def ckpt(tmp_path_factory):
     d = tmp_path_factory.mktemp("tiny")
     assert main(["make-tiny", str(d), "--max-shard-size", "100KB"]) == 0
     return d
+
+
+@pytest.fixture(scope="module")
+def real(tmp_path_factory):
+    "A tiny checkpoint with Qwen's vocabulary (real text fits), and a small real photograph (the tiny tower is quick)."
+    from PIL import Image
+    d = tmp_path_factory.mktemp("real")
+    assert main(["make-tiny", str(d / "m"), "--real-vocab"]) == 0
+    Image.open(sample_photo()).resize((40, 48)).save(d / "photo.png")
+    return d / "m", d / "photo.png"
 
 
 @pytest.fixture(scope="module")
@@ -259,3 +270,51 @@ def test_nproc_gives_the_cli_exit_code(ckpt, inputs, tmp_path):
                "--out", str(out := tmp_path / "o.safetensors"))
     assert good.returncode == 0 and "wrote hidden_states" in good.stdout, good.stderr[-3000:]
     assert load_file(out)["hidden_states"].shape[0] == len(load_file(f)["input_ids"])
+
+
+def test_prompt_and_image_under_torchrun(real, tmp_path):
+    "`encode --prompt --image` at tp 1 and 2: the Processor's inputs, encoded as the contract says (bitwise at tp 1)."
+    model, photo = real
+    prompt = "A portrait of a naval officer, in black and white."
+    x = Processor.from_pretrained(model)(prompt, images=[photo])
+    hf16 = hf_reference(model, x, 3, torch.bfloat16)
+    for tp in (1, 2):
+        out = tmp_path / f"out{tp}.safetensors"
+        r = torchrun(tp, "encode", "--model", str(model), "--layer", "3", "--prompt", prompt, "--image", str(photo),
+                     "--out", str(out))
+        assert r.returncode == 0, r.stderr[-3000:]
+        h = load_file(out)["hidden_states"]
+        assert h.shape == (len(x["input_ids"]), 64)
+        if tp == 1: assert torch.equal(h, hf16)
+        else: assert diff_row(h, ref := hf_reference(model, x, 3, torch.float32))["rel_l2"] <= 1.25 * diff_row(
+            hf16, ref)["rel_l2"]
+
+
+def test_prompt_errors(ckpt, real, inputs, tmp_path, capsys):
+    "A vocabulary too small for the tokenizer, an unreadable picture, conflicting flags: exit 2 with what to do."
+    model, photo = real
+    (tmp_path / "notes.txt").write_text("not a picture")
+    out = ["--layer", "3", "--out", str(tmp_path / "o.safetensors")]
+    for m, extra, msg in (
+            (ckpt, ["--prompt", "hello"], "beyond this checkpoint's vocabulary of 1,024"),
+            (ckpt, ["--prompt", "hello"], "make-tiny --real-vocab"),
+            (model, ["--prompt", "hi", "--image", str(tmp_path / "notes.txt")],
+             f"image {tmp_path / 'notes.txt'}: not a picture"),
+            (model, ["--prompt", "hi", "--image", str(tmp_path / "nope.png")],
+             f"image {tmp_path / 'nope.png'}: no such"),
+            (model, ["--image", str(photo)], "go with --prompt"),
+            (model, ["--prompt", "hi", "--inputs", str(inputs[0])], "one or the other")):
+        assert main(["encode", "--model", str(m), *out, *extra]) == 2, msg
+        assert msg in capsys.readouterr().err
+    assert not (tmp_path / "o.safetensors").exists()
+
+
+def test_demo_shows_the_photograph():
+    "`qwen3vl-l50 demo` (`make demo`): a real photograph and prompt, what the processor made, the output, the table."
+    r = subprocess.run([sys.executable, "-m", "qwen3vl_l50_nbdev.cli", "demo", "--nproc", "1"], env=ENV,
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr[-3000:]
+    for want in ("vocabulary 151,936", "grace_hopper.jpg (512 x 600) -> grid t, h, w = [1, 16, 14]",
+                 "56 placeholder tokens", "<|vision_start|><|image_pad|>×56<|vision_end|>Describe this photograph",
+                 "output: hidden_states [87, 64] bf16, mean", "PASS rule exact (tp=1)"):
+        assert want in r.stdout, (want, r.stdout)
