@@ -153,7 +153,7 @@ class Encoder(nn.Module):
         self.cfg.validate(self.group.size)
         self.vision = VisionModel(cfg.vision, dtype, self.device)
         self.text = TextModel(cfg.text, cfg.selected_layer, self.group, reduce, dtype, self.device)
-        if mode == "fast": set_fused_(self.text)
+        if mode == "fast": set_fused_(self)   # the decoder's GEMMs, the vision tower's attention
         self.runner = TextRunner(self.text, padded=mode == "fast")   # CUDA graphs of the decoder (eager on the CPU)
         self.offloader, self._ring = None, 2   # `offload.CpuOffload` or `.LayerwiseOffload` (`set_offload`)
 

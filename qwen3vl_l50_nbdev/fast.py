@@ -11,6 +11,7 @@ from collections import OrderedDict
 import torch
 import torch.nn as nn
 from .tp import ColumnParallelLinear
+from .vision import Attention as VisionAttention
 
 # %% ../nbs/08a_fast.ipynb #538e09b7
 MODES = ("exact", "fast")
@@ -21,9 +22,11 @@ def check_mode(mode: str) -> str:
     return mode
 
 def set_fused_(model: nn.Module, fused: bool = True) -> nn.Module:
-    "Every column-parallel projection of `model` runs as one GEMM (`fused=True`) or one per split (HF's, bitwise)."
+    ("Every column-parallel projection of `model` runs as one GEMM (`fused=True`) or one per split (HF's, bitwise), "
+     "and vision attention over equal segments as one batched call or one call each (HF's).")
     for m in model.modules():
         if isinstance(m, ColumnParallelLinear): m.fused = fused
+        if isinstance(m, VisionAttention): m.batched = fused
     return model
 
 # %% ../nbs/08a_fast.ipynb #48b345d1

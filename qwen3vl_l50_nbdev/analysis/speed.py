@@ -137,7 +137,7 @@ def run(cfg: EncoderConfig, full: bool, device, reps: int = 5, variants=("hf_eag
             hf_comp(v == "hf_compiled" and cuda)
             return hf_forward(hf, cfg, x, device)
         fast = v.endswith("fast")
-        set_fused_(enc.text, fast); our_comp(fast and cuda); enc.runner = runners[v.removeprefix("fp8_")]
+        set_fused_(enc, fast); our_comp(fast and cuda); enc.runner = runners[v.removeprefix("fp8_")]
         return enc.encode_batch(x) if isinstance(x, list) else enc.encode(**x)
     peak, bw = (gemm_peak(device), hbm_bandwidth(device)) if cuda else (float("nan"), float("nan"))
     weight_bytes = sum(p.numel() * p.element_size() for p in enc.text.layers.parameters())
