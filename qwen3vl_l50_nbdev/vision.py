@@ -62,9 +62,10 @@ class Attention(nn.Module):
         q, k, v = self.qkv(x).reshape(s, 3, self.heads, -1).permute(1, 0, 2, 3).unbind(0)  # 3 x (seq, heads, head_dim)
         q, k = (t.to(x.dtype) for t in apply_rotary(q.float(), k.float(), cos, sin))
         if self.batched:   # a run of c segments of n patches: one (c, heads, n, head_dim) call
+            runs = _runs(lens)
             o = [F.scaled_dot_product_attention(*(t.reshape(c, n, self.heads, -1).transpose(1, 2) for t in qkv),
                                                 scale=self.scale).transpose(1, 2).reshape(c * n, -1)
-                 for (n, c), qkv in zip(_runs(lens), zip(*(t.split(_run_sizes(lens)) for t in (q, k, v))))]
+                 for (n, c), qkv in zip(runs, zip(*(t.split([n * c for n, c in runs]) for t in (q, k, v))))]
             return self.proj(torch.cat(o) if len(o) > 1 else o[0])
         q, k, v = (t.transpose(0, 1)[None] for t in (q, k, v))                               # (1, heads, seq, head_dim)
         o = [F.scaled_dot_product_attention(*qkv, scale=self.scale)
@@ -78,8 +79,6 @@ def _runs(lens: list[int]) -> list[tuple[int, int]]:
         if out and out[-1][0] == n: out[-1] = (n, out[-1][1] + 1)
         else: out.append((n, 1))
     return out
-
-def _run_sizes(lens: list[int]) -> list[int]: return [n * c for n, c in _runs(lens)]
 
 # %% ../nbs/04_vision.ipynb #7e508fbe
 _ACT = {"gelu_pytorch_tanh": partial(F.gelu, approximate="tanh"), "gelu": F.gelu}
