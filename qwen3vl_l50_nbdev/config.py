@@ -177,6 +177,12 @@ class EncoderConfig:
     vision_start_token_id: int = 151652
     vision_end_token_id: int = 151653
 
+    @property
+    def text_id_limit(self) -> int:
+        "Token ids below this are plain text: inside the vocabulary and below every vision token id."
+        return min(self.text.vocab_size, self.image_token_id, self.video_token_id, self.vision_start_token_id,
+                   self.vision_end_token_id)
+
     @classmethod
     def from_hf(cls, src, selected_layer: int = 50) -> 'EncoderConfig':
         "From a checkpoint dir, config.json, dict or `transformers` config."

@@ -113,8 +113,6 @@ def compile_layers_(text: nn.Module) -> nn.Module:
 # %% ../nbs/08a_fast.ipynb #d3ff8484
 def warmup(enc, lengths=BUCKETS) -> float:
     "Run `enc.encode` once on a text prompt of each of `lengths` tokens (compiling, capturing graphs); seconds taken."
-    c, t = enc.cfg, time.perf_counter()
-    ids = min(1000, c.text.vocab_size, c.image_token_id, c.video_token_id, c.vision_start_token_id,
-              c.vision_end_token_id)
+    t, ids = time.perf_counter(), min(1000, enc.cfg.text_id_limit)
     for n in lengths: enc.encode(torch.arange(n) % ids)   # text ids, below every special token
     return time.perf_counter() - t

@@ -200,9 +200,7 @@ def bench_offload(layers: int = 50, tokens: int = 2048, rings=(2, 3), iters: int
     dev, gib = torch.device("cuda", torch.cuda.current_device()), 2 ** -30
     group = encoder_group()
     enc = random_weights_(Encoder(qwen3vl_32b(layers), group, device=dev), seed)   # on the GPU: seconds, not minutes
-    c = enc.cfg
-    ids = torch.randint(0, min(c.text.vocab_size, c.image_token_id, c.video_token_id, c.vision_start_token_id,
-                               c.vision_end_token_id), (tokens,), generator=torch.Generator().manual_seed(seed))
+    ids = torch.randint(0, enc.cfg.text_id_limit, (tokens,), generator=torch.Generator().manual_seed(seed))
     run, mem = lambda: enc.encode(ids), lambda: torch.cuda.memory_allocated(dev) * gib
     group.barrier()   # at TP > 1 the ranks measure the bandwidth together, as they will stream together
     bw = h2d_gbps(device=dev)

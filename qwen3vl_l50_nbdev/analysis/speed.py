@@ -106,9 +106,7 @@ def floor_ms(cfg, n: int, weight_bytes: float, tflops: float, gbps: float) -> fl
 
 def text_case(cfg, n, seed=0):
     g = torch.Generator().manual_seed(seed)
-    hi = min(cfg.text.vocab_size, cfg.image_token_id, cfg.video_token_id, cfg.vision_start_token_id,
-             cfg.vision_end_token_id)   # text ids only
-    return dict(input_ids=torch.randint(0, hi, (n,), generator=g))
+    return dict(input_ids=torch.randint(0, cfg.text_id_limit, (n,), generator=g))   # text ids only
 
 # %% ../../nbs/analysis/04_speed.ipynb #3230795d
 def cases(cfg, full: bool) -> dict:
