@@ -18,6 +18,7 @@ from .text import TextModel
 from .rope import rope_index, mm_token_types
 from .deepstack import placeholder_masks, scatter_visual, merge_deepstack
 from .loading import load_checkpoint, load_weights, checkpoint_tensors, _missing_message
+from .loading import checkpoint_name
 from .fp8 import quantize_model_, check_fp8_modes
 from .fast import check_mode, set_fused_, compile_layers_, TextRunner
 from .offload import check_offload, CpuOffload, LayerwiseOffload
@@ -248,7 +249,7 @@ class Encoder(nn.Module):
         want, seen = checkpoint_tensors(self), set()
         def named():
             for name, t in pairs:
-                seen.add("model." + name if name.startswith(("language_model.", "visual.")) else name); yield name, t
+                seen.add(checkpoint_name(name)); yield name, t
         reload = self.offload == "cpu" and self.offloader.on_device and self.device.type != "cpu"
         if reload: self.offload_to_cpu()   # fill the host copy, the one that is kept
         try: load_weights(self, named())
