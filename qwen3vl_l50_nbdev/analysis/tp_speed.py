@@ -27,13 +27,13 @@ from ..text import TP_PLAN
 from ..encoder import Encoder
 from ..fast import MODES, compile_layers_
 from ..fp8 import GRANULARITIES, quantize_model_
-from ..loading import checkpoint_tensors
+from ..loading import checkpoint_tensors, checkpoint_name
 from ..metrics import diff_row
 from ..rope import rope_index
 from ..testing import hf_forward
 from .weights import random_weights_
 from .bench import decoder_states
-from .speed import text_case, sync
+from .speed import text_case, sync, hf_model, copy_rotary_
 from .report import provenance, data_dir
 
 # %% ../../nbs/analysis/05_tp_speed.ipynb #482ef509
@@ -91,19 +91,11 @@ def hf_tensors(enc: Encoder):
 def hf_copy(enc: Encoder) -> nn.Module:
     ("transformers' `Qwen3VLModel` cut at N (final norm Identity) with the weights of our TP-1 `enc`, copied, "
      "and its rotary tables.")
-    from transformers import Qwen3VLModel
-    hfc = enc.cfg.to_hf(); hfc.text_config.num_hidden_layers = enc.cfg.selected_layer
-    old = torch.get_default_dtype(); torch.set_default_dtype(enc.dtype)
-    try:
-        with torch.device("meta"): hf = Qwen3VLModel(hfc)   # no memory, no init: every tensor is copied below
-    finally: torch.set_default_dtype(old)
-    hf.language_model.norm = nn.Identity()
-    hf = hf.to_empty(device=enc.device).eval().requires_grad_(False)
+    hf = hf_model(enc.cfg, "meta", enc.dtype).to_empty(device=enc.device)   # no init: every tensor is copied below
     src = dict(hf_tensors(enc))
     with torch.no_grad():
-        for n, p in hf.named_parameters(): p.copy_(src.pop("model." + n))
-        for m, ours in ((hf.language_model.rotary_emb, enc.text.rotary), (hf.visual.rotary_pos_emb, enc.vision.rotary)):
-            for b in ("inv_freq", "original_inv_freq"): getattr(m, b).copy_(ours.inv_freq)
+        for n, p in hf.named_parameters(): p.copy_(src.pop(checkpoint_name(n)))
+    copy_rotary_(hf, enc)
     if src: raise ValueError(f"{len(src)} tensors of ours have no place in HF's model: {list(src)[:3]}")
     return hf
 
