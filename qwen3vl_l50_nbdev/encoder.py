@@ -20,7 +20,7 @@ from .deepstack import placeholder_masks, scatter_visual, merge_deepstack
 from .loading import load_checkpoint, load_weights, checkpoint_tensors, _missing_message
 from .loading import checkpoint_name
 from .fp8 import quantize_model_, check_fp8_modes
-from .fast import check_mode, set_fused_, compile_layers_, TextRunner
+from .fast import check_mode, set_fused_, set_tp_comm_, compile_layers_, TextRunner
 from .offload import check_offload, CpuOffload, LayerwiseOffload
 
 # %% ../nbs/08_encoder.ipynb #49b5d5c5
@@ -154,7 +154,7 @@ class Encoder(nn.Module):
         self.cfg.validate(self.group.size)
         self.vision = VisionModel(cfg.vision, dtype, self.device)
         self.text = TextModel(cfg.text, cfg.selected_layer, self.group, reduce, dtype, self.device)
-        if mode == "fast": set_fused_(self)   # the decoder's GEMMs, the vision tower's attention
+        if mode == "fast": set_fused_(self); set_tp_comm_(self.text, self.group, self.device)   # GEMMs, attention, sums
         self.runner = TextRunner(self.text, padded=mode == "fast")   # CUDA graphs of the decoder (eager on the CPU)
         self.offloader, self._ring = None, 2   # `offload.CpuOffload` or `.LayerwiseOffload` (`set_offload`)
 

@@ -14,7 +14,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 from .dist import Group
-from .tp import ColumnParallelLinear, RowParallelLinear
+from .tp import ColumnParallelLinear, RowParallelLinear, RowSum
 from .text import TP_PLAN, DecoderLayer
 
 # %% ../nbs/09_fp8.ipynb #4f88c612
@@ -121,7 +121,7 @@ class Fp8ColumnParallelLinear(nn.Module):
         return f"splits={self.splits}, tp={self.group.size}, granularity={self.granularity}, act={self.act}"
 
 # %% ../nbs/09_fp8.ipynb #56940e42
-class Fp8RowParallelLinear(nn.Module):
+class Fp8RowParallelLinear(RowSum, nn.Module):
     "An FP8 copy of a loaded `tp.RowParallelLinear`: e4m3 column shard, scales of the full rows, partials all-reduced."
     def __init__(self, lin: RowParallelLinear, granularity: str = "channel", act: str = "token"):
         super().__init__()
@@ -132,12 +132,10 @@ class Fp8RowParallelLinear(nn.Module):
         self.weight = nn.Parameter(w, requires_grad=False)
         self.register_buffer("weight_scale", s)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def partial(self, x: torch.Tensor) -> torch.Tensor:
+        "This rank's term: FP8 GEMM of its columns, out in fp32 for `fp32-partials`, else in `x.dtype`."
         fp32_partials = self.reduce == "fp32-partials" and self.group.size > 1
-        y = fp8_linear(x, self.weight, self.weight_scale, self.act, torch.float32 if fp32_partials else x.dtype)
-        if self.group.size > 1:
-            y = self.group.all_reduce(y, None if self.reduce == "bf16" else torch.float32).to(x.dtype)
-        return y if self.bias is None else y + self.bias   # the bias is added once, after the sum
+        return fp8_linear(x, self.weight, self.weight_scale, self.act, torch.float32 if fp32_partials else x.dtype)
 
     def extra_repr(self):
         return f"tp={self.group.size}, reduce={self.reduce}, granularity={self.granularity}, act={self.act}"
