@@ -11,7 +11,7 @@ from typing import Iterable
 import torch
 import torch.nn as nn
 from .config import EncoderConfig
-from .dist import Group, encoder_group
+from .dist import Group, encoder_group, enable_one_shot
 from .tp import REDUCE_MODES
 from .vision import VisionModel, check_pixels
 from .text import TextModel
@@ -20,7 +20,7 @@ from .deepstack import placeholder_masks, scatter_visual, merge_deepstack
 from .loading import load_checkpoint, load_weights, checkpoint_tensors, _missing_message
 from .loading import checkpoint_name
 from .fp8 import quantize_model_, check_fp8_modes
-from .fast import check_mode, set_fused_, set_tp_comm_, compile_layers_, TextRunner
+from .fast import check_mode, set_fused_, compile_layers_, TextRunner
 from .offload import check_offload, CpuOffload, LayerwiseOffload
 
 # %% ../nbs/08_encoder.ipynb #49b5d5c5
@@ -154,7 +154,9 @@ class Encoder(nn.Module):
         self.cfg.validate(self.group.size)
         self.vision = VisionModel(cfg.vision, dtype, self.device)
         self.text = TextModel(cfg.text, cfg.selected_layer, self.group, reduce, dtype, self.device)
-        if mode == "fast": set_fused_(self); set_tp_comm_(self.text, self.group, self.device)   # GEMMs, attention, sums
+        if mode == "fast":   # fused GEMMs, batched vision attention; small sums over the group in one kernel on CUDA
+            set_fused_(self)
+            if self.device.type == "cuda": enable_one_shot(self.group)
         self.runner = TextRunner(self.text, padded=mode == "fast")   # CUDA graphs of the decoder (eager on the CPU)
         self.offloader, self._ring = None, 2   # `offload.CpuOffload` or `.LayerwiseOffload` (`set_offload`)
 

@@ -72,15 +72,8 @@ class Attention(nn.Module):
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, lens: list[int] | None = None
                 ) -> torch.Tensor:
         "`x` [seq, hidden]; `lens`: the lengths of packed prompts, each attending causally within itself (None: one)."
-        return self.o_proj(self.attend(*self.project(x), cos, sin, lens))
-
-    def project(self, x: torch.Tensor) -> list[torch.Tensor]:
-        "This rank's q, k, v heads of the rows `x`, flat: [seq, heads * head_dim] each."
-        return self.qkv_proj(x)
-
-    def attend(self, q, k, v, cos: torch.Tensor, sin: torch.Tensor, lens: list[int] | None = None) -> torch.Tensor:
-        "q/k norm, M-RoPE and causal attention of projected rows: [seq, heads * head_dim], the input of `o_proj`."
-        s, hd = q.shape[0], self.head_dim
+        s, hd = x.shape[0], self.head_dim
+        q, k, v = self.qkv_proj(x)
         q = self.q_norm(q.view(s, -1, hd)).transpose(0, 1)   # (heads, seq, head_dim)
         k = self.k_norm(k.view(s, -1, hd)).transpose(0, 1)
         v = v.view(s, -1, hd).transpose(0, 1)
@@ -90,7 +83,7 @@ class Attention(nn.Module):
                                                                 scale=self.scale, enable_gqa=self.gqa)
         if lens is None or len(lens) == 1: o = attend(q, k, v)
         else: o = torch.cat([attend(*qkv) for qkv in zip(*(t.split(lens, 1) for t in (q, k, v)))], 2)
-        return o[0].transpose(0, 1).reshape(s, -1)   # (seq, heads * head_dim)
+        return self.o_proj(o[0].transpose(0, 1).reshape(s, -1))   # (seq, heads * head_dim)
 
 # %% ../nbs/05_text.ipynb #cd831bb7
 class MLP(nn.Module):
@@ -104,12 +97,9 @@ class MLP(nn.Module):
         self.gate_up_proj = tp_layer("layers.{i}.mlp.gate_up_proj", H, [M, M], g, dtype=dtype, device=device)
         self.down_proj = tp_layer("layers.{i}.mlp.down_proj", M, H, g, reduce=reduce, dtype=dtype, device=device)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor: return self.down_proj(self.hidden(x))
-
-    def hidden(self, x: torch.Tensor) -> torch.Tensor:
-        "`silu(gate) * up` of the rows `x`: this rank's slice of the MLP's activations, the input of `down_proj`."
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate, up = self.gate_up_proj(x)
-        return F.silu(gate) * up
+        return self.down_proj(F.silu(gate) * up)
 
 # %% ../nbs/05_text.ipynb #77f7b7ab
 class DecoderLayer(nn.Module):
@@ -128,17 +118,6 @@ class DecoderLayer(nn.Module):
         h = x + self.self_attn(self.input_layernorm(x), cos, sin, lens)
         return h + self.mlp(self.post_attention_layernorm(h))
 
-    # `forward` in stages, cut where a sum over the group happens (`TextModel`'s overlapped schedule runs them)
-    def attn_in(self, x: torch.Tensor, mlp_sum: torch.Tensor | None = None) -> tuple:
-        "Rows `x` (plus `mlp_sum`, the previous layer's summed MLP partials, if given), and their q, k, v."
-        if mlp_sum is not None: x = x + mlp_sum.to(x.dtype)   # the row-parallel layers have no bias to add
-        return (x, *self.self_attn.project(self.input_layernorm(x)))
-
-    def mlp_in(self, x: torch.Tensor, attn_sum: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        "`h = x + attention output` (from its summed partials `attn_sum`) and the MLP's hidden activations of `h`."
-        h = x + attn_sum.to(x.dtype)
-        return h, self.mlp.hidden(self.post_attention_layernorm(h))
-
 # %% ../nbs/05_text.ipynb #5a2a8d1f
 class TextModel(nn.Module):
     "Embedding, the first `num_layers` decoder layers and M-RoPE; forward returns the unnormalized last state."
@@ -151,38 +130,14 @@ class TextModel(nn.Module):
         self.embed_tokens = tp_layer("embed_tokens", cfg.vocab_size, cfg.hidden_size, group, dtype, device)
         self.layers = nn.ModuleList(DecoderLayer(cfg, group, reduce, dtype, device) for _ in range(num_layers))
         self.rotary = TextRotary(cfg)
-        self.overlap_from = None   # at least this many rows: the overlapped schedule (fast mode at TP>1 sets it)
 
     def forward(self, inputs_embeds: torch.Tensor, positions: torch.Tensor, visual_mask: torch.Tensor | None = None,
                 deepstack: list[torch.Tensor] | None = None, lens: list[int] | None = None) -> torch.Tensor:
         ("`inputs_embeds` [seq, H], `positions` [3, seq]; DeepStack `deepstack[i]` added after layer i at the rows "
          "that `visual_mask` selects (a boolean mask [seq] or row indices); `lens`: packed prompts' lengths.")
         cos, sin = self.rotary(positions, inputs_embeds.dtype)
-        if self.overlap_from is not None and inputs_embeds.shape[0] >= self.overlap_from:
-            return self.overlapped(inputs_embeds, cos, sin, visual_mask, deepstack, lens)
         h = inputs_embeds
         for i, layer in enumerate(self.layers):
             h = layer(h, cos, sin, lens)
             if deepstack is not None and i < len(deepstack): h = inject(h, visual_mask, deepstack[i])
         return h
-
-    def overlapped(self, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, visual_mask=None,
-                   deepstack: list | None = None, lens: list[int] | None = None) -> torch.Tensor:
-        "`forward`'s layers on two row halves, each half's sums over the group in flight while the other half computes."
-        xs, mlp = list(h.tensor_split(2)), [None, None]   # the halves, and each one's pending MLP sum
-        for i, layer in enumerate(self.layers):
-            attn_in, attend, mlp_in = getattr(layer, "compiled_stages", None) or (
-                layer.attn_in, layer.self_attn.attend, layer.mlp_in)
-            qkv = []
-            for c in (0, 1):
-                xs[c], *t = attn_in(xs[c], None if mlp[c] is None else mlp[c].wait())
-                qkv.append(t)
-            o = attend(*(torch.cat(t) for t in zip(*qkv)), cos, sin, lens)   # attention over all rows
-            att = [layer.self_attn.o_proj.start(oc) for oc in o.tensor_split(2)]
-            for c in (0, 1):
-                xs[c], hidden = mlp_in(xs[c], att[c].wait())
-                mlp[c] = layer.mlp.down_proj.start(hidden)
-            if deepstack is not None and i < len(deepstack):   # DeepStack adds to whole rows: finish this layer first
-                h = inject(torch.cat([x + m.wait().to(x.dtype) for x, m in zip(xs, mlp)]), visual_mask, deepstack[i])
-                xs, mlp = list(h.tensor_split(2)), [None, None]
-        return torch.cat([x + m.wait().to(x.dtype) for x, m in zip(xs, mlp)])

@@ -91,21 +91,17 @@ class ColumnParallelLinear(nn.Module):
 REDUCE_MODES = ("bf16", "fp32", "fp32-partials")
 
 class RowSum:
-    ("What every row-parallel linear shares (bf16 here, FP8 in `fp8`): its `partial` term, summed over the group in "
-     "`acc`, then `finish`ed. `start` begins the sum without waiting, so the caller can compute meanwhile.")
+    "What every row-parallel linear shares (bf16 here, FP8 in `fp8`): its `partial` term, summed in `acc`, `finish`ed."
     @property
     def acc(self) -> torch.dtype | None:
-        "The dtype the partials are summed in (None: their own)."
-        return torch.float32 if self.reduce == "fp32" else None
+        ("The dtype the partials travel and are summed in (None: their own). `fp32` at TP 2 sends the bf16 partials: "
+         "their sum, rounded once to bf16, is the fp32 sum rounded to bf16 (see below), for half the bytes.")
+        return torch.float32 if self.reduce == "fp32" and self.group.size > 2 else None
 
     def finish(self, total: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
         "The output from the summed partials: rounded to `dtype`, the bias added once, after the sum."
         y = total.to(dtype)
         return y if self.bias is None else y + self.bias
-
-    def start(self, x: torch.Tensor):
-        "This rank's partial of `x`, its sum over the group started: `finish(pending.wait(), x.dtype)` is the output."
-        return self.group.all_reduce_start(self.partial(x), self.acc)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.group.size == 1: return self.finish(self.partial(x), x.dtype)

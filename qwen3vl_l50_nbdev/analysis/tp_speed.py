@@ -48,9 +48,7 @@ class Variant(NamedTuple):
 
 FP8_QUANTS = tuple(f"fp8-{g}-token" for g in GRANULARITIES)   # every weight granularity, activations per token
 BASE = Variant("ours", 1, "none", "none", "exact")             # HF's bits: errors and times are multiples of its
-# fast mode at TP 2 with its sums as before this project had `fast.set_tp_comm_` (NCCL, waited for), or overlapped
-# at every length: what the one-kernel small sums and the overlapped schedule each gain
-COMM_MODES = ("fast-nccl", "fast-overlap")
+COMM_MODES = ("fast-nccl",)   # fast mode with every sum through NCCL: what the one-kernel small sums gain
 
 def grid(tokens=(128, 512, 2048), fp8_tokens=(2048,), tps=(1, 2), fp8_reduce: str = "fp32",
          fast_tokens=()) -> list[tuple]:
@@ -75,13 +73,11 @@ def rows_of(df: pd.DataFrame, v: Variant) -> pd.Series:
 def build_ours(cfg: EncoderConfig, v: Variant, group: Group, device, seed: int = 0) -> Encoder:
     ("Our encoder for `v` with `random_weights_(seed)`, made as `Encoder.from_pretrained` makes it: "
      "FP8 after the weights, then fast mode's compiled layers.")
-    mode = v.mode.split("-")[0]   # a COMM_MODES variant is fast mode with its sums set below
+    mode = v.mode.split("-")[0]   # a COMM_MODES variant is fast mode, its sums set below
     enc = random_weights_(Encoder(cfg, group, "fp32" if v.reduce == "none" else v.reduce, torch.bfloat16, device,
                                   mode), seed)
     if v.quant != "none": quantize_model_(enc.text, *v.quant.split("-")[1:])
     if v.mode in ("exact", "fast-nccl"): disable_one_shot(group)   # the group's sums through NCCL (set per group)
-    if v.mode == "fast-nccl": enc.text.overlap_from = None
-    if v.mode == "fast-overlap": enc.text.overlap_from = 1
     if mode == "fast": compile_layers_(enc.text)
     return enc
 
@@ -230,7 +226,8 @@ def graph_us(fn, reps: int = 50) -> float:
     return 1e3 * cuda_ms(g.replay, 5, 2) / reps
 
 def sum_bench(group: Group, device, rows=(128, 512, 2048, 8192), hidden: int = 5120) -> pd.DataFrame:
-    "Per sum of `[rows, hidden]` over a CUDA `group`: NCCL's and the one-shot kernel's microseconds, and equal bits."
+    ("Per sum of `[rows, hidden]` over a CUDA `group`: NCCL's and the one-shot kernel's microseconds, whether they "
+     "agree bitwise, and whether NCCL's sum equals its fp32 sum rounded back (`tp.RowSum.acc`).")
     enable_one_shot(group, max(rows) * hidden * 4)   # buffers for the largest: every sum below takes the kernel
     out = []
     try:
@@ -240,9 +237,11 @@ def sum_bench(group: Group, device, rows=(128, 512, 2048, 8192), hidden: int = 5
                 y, ref = x.clone(), x.clone()
                 dist.all_reduce(ref, group=group.pg)
                 same = torch.equal(group.all_reduce(x), ref)
+                f32 = x.float(); dist.all_reduce(f32, group=group.pg)   # the fp32 sum, for tp.RowSum.acc's claim
                 out.append(dict(rows=n, dtype=str(dt).removeprefix("torch."), mib=x.nbytes / 2**20,
                                 nccl_us=graph_us(lambda: dist.all_reduce(y, group=group.pg)),
-                                one_shot_us=graph_us(lambda: group.all_reduce(x)), bitwise=same))
+                                one_shot_us=graph_us(lambda: group.all_reduce(x)), bitwise=same,
+                                fp32_sum_same=torch.equal(ref, f32.to(dt))))
     finally: enable_one_shot(group)   # back to the default buffers
     return pd.DataFrame(out)
 
