@@ -273,11 +273,11 @@ def choice(r) -> str:
 
 # %% ../../nbs/analysis/05_tp_speed.ipynb #dbd95d16
 def tp_plot(df: pd.DataFrame, tokens=None):
-    ("Error against ms, a panel per prompt length: a point per choice, coloured by choice, o TP 1 and s TP 2, "
-     "filled fast, hollow exact / eager. 720 px wide at dpi 50.")
+    ("Error against ms, a panel per prompt length with errors (not the timed-only ones): a point per choice, coloured "
+     "by choice, o TP 1 and s TP 2, filled fast, hollow exact / eager. 720 px wide at dpi 50.")
     import matplotlib.pyplot as plt
     from matplotlib.lines import Line2D
-    tokens = sorted(df["tokens"].unique()) if tokens is None else list(tokens)
+    tokens = sorted(df.dropna(subset=["rel_l2"])["tokens"].unique()) if tokens is None else list(tokens)
     d = df[~df["mode"].isin(COMM_MODES)]   # the same accuracy choice as fast mode: the comm table shows those
     d = d.assign(choice=d.apply(choice, axis=1))
     colors = dict(zip(sorted(d["choice"].unique()), plt.get_cmap("tab10").colors))
@@ -320,8 +320,9 @@ def findings(df: pd.DataFrame, n: int | None = None) -> str:
         out.append(f"TP 2, exact: {gib(tp2['fp32'])}; " + "; ".join(
             f"{r} reduce {v['ms']:.1f} ms ({x(v)} the time) at {v['err_x_tp1']:.3f}× the error"
             for r, v in tp2.items()) + "."
-            + (" bf16 and fp32 reduce give the same bits at TP 2: two bf16 partials sum exactly in fp32, so either way "
-               "the sum is rounded once." if tp2["bf16"]["bits"] == tp2["fp32"]["bits"] else ""))
+            + (" bf16 and fp32 reduce give the same bits at TP 2: the fp32 sum of two bf16 partials, rounded, is their "
+               "bf16 sum, so there fp32 sends bf16 (`tp.RowSum.acc`; `sums_h200.csv` checks NCCL's sums on the GPU)."
+               if tp2["bf16"]["bits"] == tp2["fp32"]["bits"] else ""))
     for tp in (1, 2):
         red = "none" if tp == 1 else "fp32"
         if (f := at(tp=tp, reduce=red, mode="fast")) is not None and (e := at(tp=tp, reduce=red)) is not None:
