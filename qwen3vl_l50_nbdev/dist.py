@@ -13,6 +13,7 @@ import sys
 import time
 import tempfile
 import traceback
+import warnings
 import datetime
 import multiprocessing as mp
 from dataclasses import dataclass
@@ -73,7 +74,8 @@ class Group:
 
 # %% ../nbs/01_dist.ipynb #f33d0503
 ONE_SHOT_BYTES = 4 << 20   # the crossover on 2 H200s: one-shot wins at 2.6 MB, NCCL at 10.5 MB, tied at 5.2 MB
-_SYMM: dict = {}           # group name -> {dtype: its symmetric buffer of ONE_SHOT_BYTES}
+_SYMM: dict = {}           # group name -> {dtype: its symmetric buffer}, of the group's limit in bytes
+_RETIRED: list = []        # buffers let go: CUDA graphs captured before may still read them, so they are kept
 
 @torch.library.custom_op("qwen3vl_l50_nbdev::one_shot_sum", mutates_args=())
 def one_shot_sum(x: torch.Tensor, group: str) -> torch.Tensor:
@@ -92,19 +94,23 @@ def enable_one_shot(group: Group, max_bytes: int = ONE_SHOT_BYTES) -> bool:
     ("Give a CUDA `group` symmetric buffers so that its sums of at most `max_bytes` (fp32 and bf16) run as one "
      "kernel; call on every member. False, changing nothing, where that cannot be had (size 1, CPU, gloo).")
     if group.size == 1 or not group.is_member or dist.get_backend(group.pg) != "nccl": return False
-    if group.name in _SYMM and _SYMM[group.name][torch.float32].numel() * 4 != max_bytes: disable_one_shot(group)
+    if group.name in _SYMM and _SYMM[group.name][torch.float32].nbytes != max_bytes: disable_one_shot(group)
     if group.name not in _SYMM:
-        import torch.distributed._symmetric_memory as symm
-        dev, bufs = torch.device("cuda", torch.cuda.current_device()), {}   # fp32 first: its size names the limit
-        for dt in (torch.float32, torch.bfloat16):
-            bufs[dt] = symm.empty(max_bytes // dt.itemsize, dtype=dt, device=dev)
-            symm.rendezvous(bufs[dt], group.name)   # collective: every member, in this order
+        try:
+            import torch.distributed._symmetric_memory as symm
+            dev, bufs = torch.device("cuda", torch.cuda.current_device()), {}
+            for dt in (torch.float32, torch.bfloat16):
+                bufs[dt] = symm.empty(max_bytes // dt.itemsize, dtype=dt, device=dev)
+                symm.rendezvous(bufs[dt], group.name)   # collective: every member, in this order
+        except (RuntimeError, ImportError) as e:   # no peer access between the GPUs, an old torch: NCCL it is
+            warnings.warn(f"symmetric memory unavailable for group {list(group.ranks)} ({e}); its sums stay with NCCL")
+            return False
         _SYMM[group.name] = bufs
     return True
 
 def disable_one_shot(group: Group):
-    "Every sum of `group` through NCCL again; its symmetric buffers are let go."
-    _SYMM.pop(group.name, None)
+    "Every sum of `group` through NCCL again (its buffers are kept for CUDA graphs that were captured with them)."
+    if group.name in _SYMM: _RETIRED.append(_SYMM.pop(group.name))
 
 # %% ../nbs/01_dist.ipynb #cf7eef40
 def encoder_group(tp: int | None = None, tiled: bool = False) -> Group:

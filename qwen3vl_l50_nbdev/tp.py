@@ -95,7 +95,7 @@ class RowSum:
     @property
     def acc(self) -> torch.dtype | None:
         ("The dtype the partials travel and are summed in (None: their own). `fp32` at TP 2 sends the bf16 partials: "
-         "their sum, rounded once to bf16, is the fp32 sum rounded to bf16 (see below), for half the bytes.")
+         "their sum, rounded once to bf16, is the fp32 sum rounded to bf16 (nbs/02_tp), for half the bytes.")
         return torch.float32 if self.reduce == "fp32" and self.group.size > 2 else None
 
     def finish(self, total: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
