@@ -328,17 +328,14 @@ def findings(df: pd.DataFrame, n: int | None = None) -> str:
         if (f := at(tp=tp, reduce=red, mode="fast")) is not None and (e := at(tp=tp, reduce=red)) is not None:
             out.append(f"Fast mode at TP {tp}{'' if tp == 1 else ' (fp32 reduce)'}: {f['ms']:.1f} ms, "
                        f"{f['ms'] / e['ms']:.2f}× exact's, at {f['err_x_tp1']:.3f}× the error.")
-    fast = lambda tp, red, t: df[(df.impl == "ours") & (df.tp == tp) & (df.reduce == red) & (df.quant == "none")
-                                 & (df["mode"] == "fast") & (df.tokens == t)]["ms"]
-    sp = {(t, red): fast(1, "none", t).iloc[0] / fast(2, red, t).iloc[0] for t in sorted(set(df.tokens))
-          for red in ("fp32", "bf16") if len(fast(1, "none", t)) and len(fast(2, red, t))}
-    if sp:
-        out.append("TP 2 over TP 1, both in fast mode: " + ", ".join(
-            f"{sp[t, 'fp32']:.2f}× as fast at {t} tokens ({sp[t, 'bf16']:.2f}× with the bf16 reduce)"
-            for t in sorted({t for t, _ in sp})) + ".")
-    c = comm_table(df)
+    c = comm_table(df)   # fast mode's ms at TP 1 and 2, a row per length
+    one = c[("TP 1", "fast")]
+    if {("fp32", "fast"), ("bf16", "fast")} <= set(c.columns):
+        sp = pd.DataFrame({r: one / c[(r, "fast")] for r in ("fp32", "bf16")}).dropna()
+        if len(sp): out.append("TP 2 over TP 1, both in fast mode: " + ", ".join(
+            f"{s['fp32']:.2f}× as fast at {t} tokens ({s['bf16']:.2f}× with the bf16 reduce)" for t, s in sp.iterrows())
+            + ".")
     if ("fp32", "fast-nccl") in c.columns and ("fp32", "fast") in c.columns:
-        one = c[("TP 1", "fast")]
         out.append("TP 2 fast mode by how its sums run, fp32 reduce (TP 1 fast's time over it): " + "; ".join(
             f"{n} tokens: every sum through NCCL {c.loc[n, ('fp32', 'fast-nccl')]:.1f} ms "
             f"({one[n] / c.loc[n, ('fp32', 'fast-nccl')]:.2f}×), as shipped {c.loc[n, ('fp32', 'fast')]:.1f} ms "
