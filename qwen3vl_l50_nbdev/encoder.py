@@ -20,7 +20,7 @@ from .deepstack import placeholder_masks, scatter_visual, merge_deepstack
 from .loading import load_checkpoint, load_weights, checkpoint_tensors, _missing_message
 from .loading import checkpoint_name
 from .fp8 import quantize_model_, check_fp8_modes
-from .fast import check_mode, set_fused_, compile_layers_, TextRunner
+from .fast import check_mode, set_fused_, compile_layers_, TextRunner, VisionRunner, no_graphs
 from .offload import check_offload, CpuOffload, LayerwiseOffload
 
 # %% ../nbs/08_encoder.ipynb #49b5d5c5
@@ -43,7 +43,8 @@ def _check_visual(cfg: EncoderConfig, ids, pixels, grid, kind: str, token_id: in
 
 def _check_finite(pixels, grids, pv: str, gname: str, kind: str):
     "Raise naming the first row of `pixels` holding a NaN or Inf, and the image or video it belongs to."
-    if bool(torch.isfinite(pixels).all()): return
+    if bool(torch.isfinite(pixels.sum(dtype=torch.float32))): return   # a NaN or Inf anywhere makes the sum one
+    if bool(torch.isfinite(pixels).all()): return                      # the sum overflowed (10x slower check)
     rows = (~torch.isfinite(pixels)).any(1).nonzero()[:, 0].tolist()
     ends = torch.tensor([t * h * w for t, h, w in grids]).cumsum(0).tolist()
     which = next(i for i, e in enumerate(ends) if rows[0] < e)
@@ -158,6 +159,7 @@ class Encoder(nn.Module):
             set_fused_(self)
             if self.device.type == "cuda": enable_one_shot(self.group)
         self.runner = TextRunner(self.text, padded=mode == "fast")   # CUDA graphs of the decoder (eager on the CPU)
+        self.vision_runner = VisionRunner(self.vision)                # and of the vision blocks
         self.offloader, self._ring = None, 2   # `offload.CpuOffload` or `.LayerwiseOffload` (`set_offload`)
 
     @classmethod
@@ -180,7 +182,7 @@ class Encoder(nn.Module):
         # online FP8: the decoder projections only
         if quant == "fp8": quantize_model_(enc.text, fp8_granularity, fp8_act)
         if offload: enc.device = torch.device(device); enc.set_offload(offload, ring)
-        elif mode == "fast": compile_layers_(enc.text)   # after FP8: the compiled layers are the ones that run
+        elif mode == "fast": compile_layers_(enc)   # after FP8: the compiled layers are the ones that run
         return enc
 
     @property
@@ -222,8 +224,8 @@ class Encoder(nn.Module):
         return self
 
     def _drop_graphs(self):
-        "Forget the decoder's captured CUDA graphs: they hold the addresses of weights that moved."
-        self.runner.graphs.clear(); self.runner.pool = None
+        "Forget the captured CUDA graphs: they hold the addresses of weights that moved."
+        self.runner.graphs.clear(); self.vision_runner.graphs.clear()
 
     def _apply(self, fn, recurse=True):
         "`.to`, `.cuda`, `.float`, ... as `nn.Module`'s, keeping `device` and `dtype`; offloaded: only `device` moves."
@@ -291,13 +293,14 @@ class Encoder(nn.Module):
         "Within: the weights where the model reads them (offload='cpu', offloaded: on the device for this call only)."
         o = self.offloader
         lend = self.offload == "cpu" and not o.on_device
-        if lend: o.load_to_device(); graphs, self.runner.use_graphs = self.runner.use_graphs, False   # none per call
-        try: yield
+        if lend: o.load_to_device()
+        try:
+            with no_graphs(self.runner, self.vision_runner) if lend else contextlib.nullcontext(): yield   # no graphs
         except BaseException:
             if self.offload == "layerwise": o.unbind()   # a pass that raised half-way left a layer in the ring
             raise
         finally:
-            if lend: self.runner.use_graphs = graphs; o.offload_to_cpu()
+            if lend: o.offload_to_cpu()
 
     def _forward(self, prompts: list[dict]) -> list[torch.Tensor]:
         "Checked prompts -> their states: one embedding, vision and decoder pass over the prompts packed."
@@ -317,7 +320,7 @@ class Encoder(nn.Module):
             pixels = have[0][pv] if len(have) == 1 else torch.cat([p[pv] for p in have])
             grids = (have[0][grid] if len(have) == 1
                      else torch.cat([torch.as_tensor(p[grid]).reshape(-1, 3) for p in have]))
-            merged, deep[kind] = self.vision(pixels.to(self.device), grids)
+            merged, deep[kind] = self.vision_runner(pixels.to(self.device), grids)
             h = scatter_visual(h, mask, merged)
         visual_mask, deepstack = merge_deepstack(image_mask, video_mask, deep.get("image"), deep.get("video"))
         positions = torch.cat([rope_index(p["input_ids"].long(), self.cfg, p["image_grid_thw"], p["video_grid_thw"])

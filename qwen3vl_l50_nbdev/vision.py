@@ -21,11 +21,13 @@ class PatchEmbed(nn.Module):
         super().__init__()
         self.cfg, k = cfg, (cfg.temporal_patch_size, cfg.patch_size, cfg.patch_size)
         self.proj = nn.Conv3d(cfg.in_channels, cfg.hidden_size, k, stride=k, bias=True, dtype=dtype, device=device)
+        self.gemm = False   # True (fast mode): the same map as one GEMM of the flattened patches
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        c = self.cfg
+        c, w = self.cfg, self.proj.weight
+        if self.gemm: return F.linear(x.to(w.dtype), w.view(c.hidden_size, -1), self.proj.bias)
         x = x.view(-1, c.in_channels, c.temporal_patch_size, c.patch_size, c.patch_size)   # (n, C, T, P, P)
-        return self.proj(x.to(self.proj.weight.dtype)).view(-1, c.hidden_size)
+        return self.proj(x.to(w.dtype)).view(-1, c.hidden_size)
 
 # %% ../nbs/04_vision.ipynb #02fb2ce3
 def _axis_taps(n: int, side: int):
@@ -157,13 +159,23 @@ class VisionModel(nn.Module):
         self.to_empty(device=device or torch.get_default_device()).requires_grad_(False)
 
     def forward(self, pixel_values: torch.Tensor, grid_thw: torch.Tensor) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        return self.encode(*self.embed(pixel_values, grid_thw))
+
+    def embed(self, pixel_values: torch.Tensor, grid_thw) -> tuple:
+        ("`pixel_values` checked and embedded, with the positions' rotary tables and the attention segments: "
+         "`encode`'s arguments (x, cos, sin, lens).")
         c, dev = self.cfg, pixel_values.device
         grids = check_pixels(pixel_values, grid_thw, c)
         idx, wts = pos_interp(grids, self.side, c.spatial_merge_size, dev)
         x = self.patch_embed(pixel_values)
         x = x + (self.pos_embed(idx) * wts[:, :, None]).sum(1).to(x.dtype)   # 4 weighted table rows, summed in fp32
         cos, sin = (f[:, None] for f in self.rotary(vision_positions(grids, c.spatial_merge_size, dev)))
-        lens, deep = [h * w for t, h, w in grids for _ in range(t)], []      # one attention segment per frame
+        return x, cos, sin, [h * w for t, h, w in grids for _ in range(t)]  # one attention segment per frame
+
+    def encode(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, lens: list[int]
+               ) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        "The blocks and mergers on embedded patches `x`: only device work (`fast.VisionRunner` captures it)."
+        c, deep = self.cfg, []
         for i, blk in enumerate(self.blocks):
             x = blk(x, lens, cos, sin)
             if i in c.deepstack_visual_indexes:
