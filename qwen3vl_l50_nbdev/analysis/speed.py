@@ -4,7 +4,8 @@
 
 # %% auto #0
 __all__ = ['compiled_ours', 'hf_model', 'copy_rotary_', 'build_pair', 'fp32_hf', 'Compiled', 'mode_runners', 'decoder_flops',
-           'gemm_peak', 'hbm_bandwidth', 'floor_ms', 'text_case', 'cases', 'run', 'sync', 'main']
+           'gemm_peak', 'hbm_bandwidth', 'floor_ms', 'text_case', 'cases', 'run', 'sync', 'main', 'gemm_floor',
+           'gemm_table']
 
 # %% ../../nbs/analysis/04_speed.ipynb #1ef5b510
 import argparse
@@ -14,6 +15,7 @@ import statistics
 import sys
 import time
 import torch
+import torch.nn.functional as F
 import pandas as pd
 from ..config import EncoderConfig, qwen3vl_32b, tiny
 from ..encoder import Encoder
@@ -22,7 +24,7 @@ from ..metrics import diff_row
 from ..fp8 import quantize_model_
 from ..fast import set_fused_, TextRunner, VisionRunner, BUCKETS
 from ..testing import synthetic_inputs, hf_forward
-from .bench import cuda_ms
+from .bench import cuda_ms, graph_us
 from .report import provenance, data_dir, span
 
 # %% ../../nbs/analysis/04_speed.ipynb #a99404fc
@@ -255,16 +257,23 @@ def main(argv=None) -> int:
     p.add_argument("--reps", type=int, default=5, help="timed calls per variant and case (the median is reported)")
     p.add_argument("--out", default=None, help="CSV (default: nbs/analysis/data/speed_<device>.csv)")
     p.add_argument("--commit", default=None, help="git commit to record (default: git rev-parse, if git is there)")
+    p.add_argument("--gemms", action="store_true", help="only the GEMMs of one 32B layer (gemm_floor), on CUDA")
     a = p.parse_args(argv)
     dev = torch.device("cuda", 0) if torch.cuda.is_available() else torch.device("cpu")
-    if a.full and dev.type != "cuda": raise SystemExit("--full needs a CUDA device")
+    if (a.full or a.gemms) and dev.type != "cuda": raise SystemExit("--full and --gemms need a CUDA device")
     if dev.type == "cuda": torch.cuda.set_device(dev)
+    cmd = "python -m qwen3vl_l50_nbdev.analysis.speed " + " ".join(sys.argv[1:] if argv is None else argv)
+    if a.gemms:
+        out = a.out or data_dir() / "gemm_floor_h200.csv"
+        g = gemm_floor(qwen3vl_32b(a.layers), device=dev)
+        g.assign(**provenance(dev, a.commit, cmd), layers=a.layers).to_csv(out, index=False, float_format="%.6g")
+        print(f"wrote {out}\n{gemm_table(g, a.layers).to_string(float_format=lambda v: f'{v:.1f}')}")
+        return 0
     cfg = qwen3vl_32b(a.layers) if a.full else tiny(3)
     variants = ("hf_eager", "hf_compiled", "exact", "fast") if dev.type == "cuda" else ("hf_eager", "exact", "fast")
     out = a.out or data_dir() / f"speed_{'h200' if a.full else 'cpu'}.csv"
     df = run(cfg, a.full, dev, a.reps, variants, a.fp8, log=lambda m: print(m, flush=True))
     import transformers
-    cmd = "python -m qwen3vl_l50_nbdev.analysis.speed " + " ".join(sys.argv[1:] if argv is None else argv)
     meta = provenance(dev, a.commit, cmd) | dict(transformers=transformers.__version__, layers=cfg.selected_layer)
     df.assign(**meta).to_csv(out, index=False, float_format="%.6g")
     print(f"wrote {out}")
@@ -276,3 +285,41 @@ def main(argv=None) -> int:
 # %% ../../nbs/analysis/04_speed.ipynb #cd743280
 #| eval: false
 if __name__ == "__main__" and "__file__" in globals(): raise SystemExit(main())
+
+# %% ../../nbs/analysis/04_speed.ipynb #f9cfd23e
+def gemm_floor(cfg: EncoderConfig, lengths=(128, 512, 2048, 8192), device="cuda", autotune: bool = True,
+               log=print) -> pd.DataFrame:
+    ("Microseconds of each of one decoder layer's GEMMs alone (fused shapes, TP 1) at each length, through cuBLAS, "
+     "cuBLASLt and (`autotune`) inductor's max-autotune; with TFLOP/s and the weight's TB/s.")
+    t, rows = cfg.text, []
+    shapes = {"q|k|v": (t.head_dim * (t.num_attention_heads + 2 * t.num_key_value_heads), t.hidden_size),
+              "o": (t.hidden_size, t.num_attention_heads * t.head_dim),
+              "gate|up": (2 * t.intermediate_size, t.hidden_size), "down": (t.hidden_size, t.intermediate_size)}
+    lib = torch.backends.cuda.preferred_blas_library()
+    try:
+        for name, (N, K) in shapes.items():
+            ws = [torch.randn(N, K, device=device, dtype=torch.bfloat16) * 0.02 for _ in range(2)]   # 2: not from L2
+            for n in lengths:
+                x = torch.randn(n, K, device=device, dtype=torch.bfloat16)
+                both = lambda f: lambda: [f(x, w) for w in ws]
+                us = {}
+                for b in ("cublas", "cublaslt"):
+                    torch.backends.cuda.preferred_blas_library(b); us[b] = graph_us(both(F.linear), 10) / 2
+                torch.backends.cuda.preferred_blas_library(lib)
+                if autotune:
+                    torch._dynamo.reset()
+                    f = torch.compile(F.linear, mode="max-autotune-no-cudagraphs", dynamic=False)
+                    f(x, ws[0]); us["autotune"] = graph_us(both(f), 10) / 2
+                for b, u in us.items():
+                    rows.append(dict(gemm=name, tokens=n, n=N, k=K, backend=b, us=u, tflops=2 * n * N * K / u / 1e6,
+                                     weight_tbps=2 * N * K / u / 1e6))
+                log(f"{name} {n} tokens: " + ", ".join(f"{b} {u:.1f} us" for b, u in us.items()))
+    finally:
+        torch.backends.cuda.preferred_blas_library(lib); torch._dynamo.reset()
+    return pd.DataFrame(rows)
+
+def gemm_table(g: pd.DataFrame, layers: int) -> pd.DataFrame:
+    "Per length: the decoder's GEMMs alone (`layers` x one layer's), ms through cuBLAS and with the best backend."
+    per = g.pivot_table(index="tokens", columns="backend", values="us", aggfunc="sum") * layers / 1e3
+    best = g.groupby(["tokens", "gemm"])["us"].min().groupby("tokens").sum() * layers / 1e3
+    return per.assign(best=best).rename(columns=lambda c: f"{c} ms")

@@ -4,8 +4,8 @@
 
 # %% auto #0
 __all__ = ['FP8_QUANTS', 'BASE', 'COMM_MODES', 'KEYS', 'Variant', 'grid', 'rows_of', 'build_ours', 'weight_gib', 'hf_tensors',
-           'hf_copy', 'dtensor_plan', 'parallelize_hf_', 'fp32_reference', 'timed', 'bench', 'graph_us', 'sum_bench',
-           'tp_table', 'comm_table', 'choice', 'tp_plot', 'findings', 'main']
+           'hf_copy', 'dtensor_plan', 'parallelize_hf_', 'fp32_reference', 'timed', 'bench', 'sum_bench', 'tp_table',
+           'comm_table', 'choice', 'tp_plot', 'findings', 'main']
 
 # %% ../../nbs/analysis/05_tp_speed.ipynb #3d53b89b
 import argparse
@@ -33,7 +33,7 @@ from ..metrics import diff_row
 from ..rope import rope_index
 from ..testing import hf_forward
 from .weights import random_weights_
-from .bench import decoder_states, cuda_ms
+from .bench import decoder_states, graph_us
 from .speed import text_case, sync, hf_model, copy_rotary_
 from .report import provenance, data_dir
 
@@ -214,17 +214,6 @@ def bench(cfg: EncoderConfig, tokens=(128, 512, 2048), fp8_tokens=(2048,), reps:
     return df.assign(err_x_tp1=df["rel_l2"] / df["tokens"].map(base), run_s=time.time() - t0)
 
 # %% ../../nbs/analysis/05_tp_speed.ipynb #d7819171
-def graph_us(fn, reps: int = 50) -> float:
-    "Microseconds per `fn()` call, from a CUDA graph of `reps` calls replayed (its median of 5)."
-    side = torch.cuda.Stream(); side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for _ in range(3): fn()   # warm-up off the capture
-    torch.cuda.current_stream().wait_stream(side)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        for _ in range(reps): fn()
-    return 1e3 * cuda_ms(g.replay, 5, 2) / reps
-
 def sum_bench(group: Group, device, rows=(128, 512, 2048, 8192), hidden: int = 5120) -> pd.DataFrame:
     ("Per sum of `[rows, hidden]` over a CUDA `group`: NCCL's and the one-shot kernel's microseconds, whether they "
      "agree bitwise, and whether NCCL's sum equals its fp32 sum rounded back (`tp.RowSum.acc`).")
