@@ -282,10 +282,6 @@ def main(argv=None) -> int:
     print(df[[c for c in cols if c in df]].to_string(float_format=lambda v: f"{v:.3g}"))
     return 0
 
-# %% ../../nbs/analysis/04_speed.ipynb #cd743280
-#| eval: false
-if __name__ == "__main__" and "__file__" in globals(): raise SystemExit(main())
-
 # %% ../../nbs/analysis/04_speed.ipynb #f9cfd23e
 def gemm_floor(cfg: EncoderConfig, lengths=(128, 512, 2048, 8192), device="cuda", autotune: bool = True,
                log=print) -> pd.DataFrame:
@@ -323,3 +319,7 @@ def gemm_table(g: pd.DataFrame, layers: int) -> pd.DataFrame:
     per = g.pivot_table(index="tokens", columns="backend", values="us", aggfunc="sum") * layers / 1e3
     best = g.groupby(["tokens", "gemm"])["us"].min().groupby("tokens").sum() * layers / 1e3
     return per.assign(best=best).rename(columns=lambda c: f"{c} ms")
+
+# %% ../../nbs/analysis/04_speed.ipynb #cd743280
+#| eval: false
+if __name__ == "__main__" and "__file__" in globals(): raise SystemExit(main())
