@@ -5,7 +5,7 @@
 # %% auto #0
 __all__ = ['FP8_QUANTS', 'BASE', 'COMM_MODES', 'KEYS', 'Variant', 'grid', 'rows_of', 'build_ours', 'weight_gib', 'hf_tensors',
            'hf_copy', 'dtensor_plan', 'parallelize_hf_', 'fp32_reference', 'timed', 'bench', 'sum_bench', 'tp_table',
-           'comm_table', 'choice', 'tp_plot', 'findings', 'main']
+           'comm_table', 'choice', 'tp_plot', 'findings', 'main', 'layer_comm_bench']
 
 # %% ../../nbs/analysis/05_tp_speed.ipynb #3d53b89b
 import argparse
@@ -363,6 +363,7 @@ def main(argv=None) -> int:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default=None, help="CSV (default: nbs/analysis/data/tp_speed_<h200|cpu>.csv)")
     p.add_argument("--commit", default=None, help="git commit to record (default: git rev-parse, if git is there)")
+    p.add_argument("--layer-comm", action="store_true", help="only layer_comm_bench (2 GPUs), to layer_comm_h200.csv")
     a = p.parse_args(argv)
     if a.full and not torch.cuda.is_available(): raise SystemExit("--full needs CUDA devices (one per rank)")
     device = init_world("cuda" if a.full else "cpu", timeout_s=3600)   # rank 1 waits while rank 0 runs the TP-1 rows
@@ -372,6 +373,16 @@ def main(argv=None) -> int:
         if device.type == "cpu": torch.set_num_threads(max(1, (os.cpu_count() or 1) // world))
         layers = a.layers or (50 if a.full else 3)
         cfg = qwen3vl_32b(layers) if a.full else tiny(layers)
+        cmd = (f"torchrun --nproc_per_node {world} -m qwen3vl_l50_nbdev.analysis.tp_speed "
+               + " ".join(sys.argv[1:] if argv is None else argv))
+        if a.layer_comm:
+            if world != 2 or device.type != "cuda": raise SystemExit("--layer-comm runs on 2 CUDA ranks with --full")
+            lc = layer_comm_bench(encoder_group(2), qwen3vl_32b(layers), device)
+            if dist.get_rank() == 0:
+                out = a.out or data_dir() / "layer_comm_h200.csv"
+                lc.assign(**provenance(device, a.commit, cmd)).to_csv(out, index=False, float_format="%.6g")
+                print(f"wrote {out}\n{lc.to_string()}")
+            return 0
         df = bench(cfg, a.tokens or ((128, 512, 2048) if a.full else (32, 100)),
                    a.fp8_tokens or ((2048,) if a.full else (100,)), a.reps, device, a.seed, a.fp8_reduce,
                    log=lambda m: print(m, flush=True),
@@ -379,8 +390,6 @@ def main(argv=None) -> int:
         if df is not None:
             import transformers
             out = a.out or data_dir() / f"tp_speed_{'h200' if a.full else 'cpu'}.csv"
-            cmd = (f"torchrun --nproc_per_node {world} -m qwen3vl_l50_nbdev.analysis.tp_speed "
-                   + " ".join(sys.argv[1:] if argv is None else argv))
             meta = provenance(device, a.commit, cmd) | dict(transformers=transformers.__version__, layers=layers,
                                                            config="qwen3vl_32b" if a.full else "tiny", world=world)
             df.assign(**meta).to_csv(out, index=False, float_format="%.6g")
@@ -399,3 +408,49 @@ def main(argv=None) -> int:
 # %% ../../nbs/analysis/05_tp_speed.ipynb #f5f085fa
 #| eval: false
 if __name__ == "__main__" and "__file__" in globals(): raise SystemExit(main())
+
+# %% ../../nbs/analysis/05_tp_speed.ipynb #27f9b2db
+def layer_comm_bench(group: Group, cfg: EncoderConfig, device, rows=(128, 2048, 8192), layers: int = 8
+                     ) -> pd.DataFrame:
+    ("One decoder layer's GEMMs at TP `group.size` (CUDA), in us: alone, with the all-reduces, sequence-parallel "
+     "through NCCL and through symmetric memory's fused ops; TP 1's GEMMs; whether the fused ops give the plain bits.")
+    import torch.distributed._symmetric_memory as symm_mem
+    import torch.nn.functional as F
+    t, tp, name, bf = cfg.text, group.size, group.pg.group_name, torch.bfloat16
+    H, M = t.hidden_size, t.intermediate_size
+    Q, KV = t.num_attention_heads * t.head_dim, t.num_key_value_heads * t.head_dim
+    symm_mem.enable_symm_mem_for_group(name)
+    W = lambda n, k: [torch.randn(n, k, device=device, dtype=bf) * 0.02 for _ in range(layers)]
+    full = [W(Q + 2 * KV, H), W(H, Q), W(2 * M, H), W(H, M)]                       # TP 1's weights
+    qkv, o, gu, down = W((Q + 2 * KV) // tp, H), W(H, Q // tp), W(2 * M // tp, H), W(H, M // tp)
+    ag, mm_rs = torch.ops.symm_mem.fused_all_gather_matmul, torch.ops.symm_mem.fused_matmul_reduce_scatter
+    out = []
+    for n in rows:
+        x = torch.randn(n, H, device=device, dtype=bf); dist.broadcast(x, group.ranks[0], group=group.pg)
+        xs = x.chunk(tp)[group.rank].contiguous()                                     # this rank's rows
+        a, h = torch.randn(n, Q // tp, device=device, dtype=bf), torch.randn(n, M // tp, device=device, dtype=bf)
+        a1, h1 = torch.randn(n, Q, device=device, dtype=bf), torch.randn(n, M, device=device, dtype=bf)
+        buf, part = torch.empty(n, H, device=device, dtype=bf), torch.empty(n // tp, H, device=device, dtype=bf)
+        ar = lambda y: dist.all_reduce(y, group=group.pg)
+        def sched(kind):
+            def run():
+                for i in range(layers):
+                    if kind == "tp1": [F.linear(v, w[i]) for v, w in zip((x, a1, x, h1), full)]
+                    elif kind == "fused":
+                        ag(xs, [qkv[i].t()], 0, name); mm_rs(a, o[i].t(), "sum", 0, name)
+                        ag(xs, [gu[i].t()], 0, name); mm_rs(h, down[i].t(), "sum", 0, name)
+                    elif kind == "sp_nccl":
+                        dist.all_gather_into_tensor(buf, xs, group=group.pg); F.linear(buf, qkv[i])
+                        dist.reduce_scatter_tensor(part, F.linear(a, o[i]), group=group.pg)
+                        dist.all_gather_into_tensor(buf, xs, group=group.pg); F.linear(buf, gu[i])
+                        dist.reduce_scatter_tensor(part, F.linear(h, down[i]), group=group.pg)
+                    else:
+                        F.linear(x, qkv[i]); y = F.linear(a, o[i]); F.linear(x, gu[i]); z = F.linear(h, down[i])
+                        if kind == "all_reduce": ar(y); ar(z)
+            return run
+        us = {k: graph_us(sched(k), 1) / layers for k in ("tp1", "gemms", "all_reduce", "sp_nccl", "fused")}
+        _, (y,) = ag(xs, [qkv[0].t()], 0, name)
+        z, s = mm_rs(h, down[0].t(), "sum", 0, name), F.linear(h, down[0]); ar(s)
+        same = torch.equal(y, F.linear(x, qkv[0])) and torch.equal(z, s.chunk(tp)[group.rank])
+        out.append(dict(tokens=n, tp=tp, **{f"{k}_us": v for k, v in us.items()}, fused_bits_same=same))
+    return pd.DataFrame(out)
