@@ -405,10 +405,6 @@ def main(argv=None) -> int:
         if dist.is_initialized(): dist.destroy_process_group()
     return 0
 
-# %% ../../nbs/analysis/05_tp_speed.ipynb #f5f085fa
-#| eval: false
-if __name__ == "__main__" and "__file__" in globals(): raise SystemExit(main())
-
 # %% ../../nbs/analysis/05_tp_speed.ipynb #27f9b2db
 def layer_comm_bench(group: Group, cfg: EncoderConfig, device, rows=(128, 2048, 8192), layers: int = 8
                      ) -> pd.DataFrame:
@@ -454,3 +450,7 @@ def layer_comm_bench(group: Group, cfg: EncoderConfig, device, rows=(128, 2048, 
         same = torch.equal(y, F.linear(x, qkv[0])) and torch.equal(z, s.chunk(tp)[group.rank])
         out.append(dict(tokens=n, tp=tp, **{f"{k}_us": v for k, v in us.items()}, fused_bits_same=same))
     return pd.DataFrame(out)
+
+# %% ../../nbs/analysis/05_tp_speed.ipynb #f5f085fa
+#| eval: false
+if __name__ == "__main__" and "__file__" in globals(): raise SystemExit(main())
