@@ -410,12 +410,10 @@ def layer_comm_bench(group: Group, cfg: EncoderConfig, device, rows=(128, 2048, 
                      ) -> pd.DataFrame:
     ("One decoder layer's GEMMs at TP `group.size` (CUDA), in us: alone, with the all-reduces, sequence-parallel "
      "through NCCL and through symmetric memory's fused ops; TP 1's GEMMs; whether the fused ops give the plain bits.")
-    import torch.distributed._symmetric_memory as symm_mem
     import torch.nn.functional as F
     t, tp, name, bf = cfg.text, group.size, group.pg.group_name, torch.bfloat16
     H, M = t.hidden_size, t.intermediate_size
     Q, KV = t.num_attention_heads * t.head_dim, t.num_key_value_heads * t.head_dim
-    symm_mem.enable_symm_mem_for_group(name)
     W = lambda n, k: [torch.randn(n, k, device=device, dtype=bf) * 0.02 for _ in range(layers)]
     full = [W(Q + 2 * KV, H), W(H, Q), W(2 * M, H), W(H, M)]                       # TP 1's weights
     qkv, o, gu, down = W((Q + 2 * KV) // tp, H), W(H, Q // tp), W(2 * M // tp, H), W(H, M // tp)
