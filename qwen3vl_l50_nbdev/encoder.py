@@ -225,7 +225,7 @@ class Encoder(nn.Module):
 
     def _drop_graphs(self):
         "Forget the captured CUDA graphs: they hold the addresses of weights that moved."
-        self.runner.graphs.clear(); self.vision_runner.graphs.clear()
+        self.runner.clear(); self.vision_runner.clear()
 
     def _apply(self, fn, recurse=True):
         "`.to`, `.cuda`, `.float`, ... as `nn.Module`'s, keeping `device` and `dtype`; offloaded: only `device` moves."

@@ -88,10 +88,32 @@ class Graphs:
 
     def __len__(self) -> int: return len(self.cache)
 
-class TextRunner:
+class _Hooks:
+    ("Has a model or a submodule forward hooks? A replayed graph would skip them: such a model runs eagerly. The "
+     "module list is taken on the first call (walking 550 modules on every call cost a 50-layer decoder ~1 ms).")
+    def __init__(self, model: nn.Module): self.model, self.mods = model, None
+    def __call__(self) -> bool:
+        if self.mods is None: self.mods = list(self.model.modules())
+        return any(m._forward_hooks or m._forward_pre_hooks for m in self.mods)
+
+class _Runner:
+    "What the runners share: their graphs, whether to use them, and the hook check."
+    def __init__(self, model: nn.Module, graphs: bool, max_graphs: int):
+        self.use_graphs, self.graphs, self.hooked = graphs, Graphs(max_graphs), _Hooks(model)
+
+    def eager(self, x: torch.Tensor) -> bool:
+        "Run the model itself, not a graph: on the CPU, with graphs off, or with hooks."
+        return not (x.is_cuda and self.use_graphs) or self.hooked()
+
+    def clear(self):
+        "Forget the graphs and the module list (after the weights moved, or modules were replaced)."
+        self.graphs.clear(); self.hooked.mods = None
+
+class TextRunner(_Runner):
     "Runs a `TextModel` eagerly (CPU) or from CUDA graphs cached per input signature; `padded`: at `pad_to` lengths."
     def __init__(self, text: nn.Module, padded: bool = False, graphs: bool = True, max_graphs: int = 16):
-        self.text, self.padded, self.use_graphs, self.graphs = text, padded, graphs, Graphs(max_graphs)
+        super().__init__(text, graphs, max_graphs)
+        self.text, self.padded = text, padded
 
     def __call__(self, h: torch.Tensor, positions: torch.Tensor, visual_idx: torch.Tensor | None = None,
                  deepstack: list | None = None, lens: list[int] | None = None) -> torch.Tensor:
@@ -102,20 +124,21 @@ class TextRunner:
             if lens: lens = [*lens[:-1], lens[-1] + h.shape[0] - n]
         args = [h, positions, visual_idx, list(deepstack) if deepstack else None]
         lens = list(lens) if lens and len(lens) > 1 else None
-        if not (h.is_cuda and self.use_graphs) or _hooked(self.text): return self.text(*args, lens)[:n]
+        if self.eager(h): return self.text(*args, lens)[:n]
         key = (h.shape[0], None if visual_idx is None else visual_idx.numel(), len(deepstack or ()),
                lens and tuple(lens))
         return self.graphs(key, lambda *ts: self.text(*_unflat(list(ts), args), lens), _flat(args))[:n]
 
-class VisionRunner:
+class VisionRunner(_Runner):
     "Runs a `VisionModel`: eagerly (CPU), or its blocks and mergers from CUDA graphs cached per list of frame sizes."
     def __init__(self, vision: nn.Module, graphs: bool = True, max_graphs: int = 8):
-        self.vision, self.use_graphs, self.graphs = vision, graphs, Graphs(max_graphs)
+        super().__init__(vision, graphs, max_graphs)
+        self.vision = vision
 
     def __call__(self, pixel_values: torch.Tensor, grid_thw) -> tuple[torch.Tensor, list[torch.Tensor]]:
         "`vision(pixel_values, grid_thw)`: the merged tokens and the DeepStack features, tensors of their own."
         v = self.vision
-        if not (pixel_values.is_cuda and self.use_graphs) or _hooked(v): return v(pixel_values, grid_thw)
+        if self.eager(pixel_values): return v(pixel_values, grid_thw)
         x, cos, sin, lens = v.embed(pixel_values, grid_thw)
         merged, deep = self.graphs(tuple(lens), lambda x, cos, sin: v.encode(x, cos, sin, lens), [x, cos, sin])
         return merged.clone(), [d.clone() for d in deep]
@@ -128,10 +151,6 @@ def no_graphs(*runners):
     try: yield
     finally:
         for r, w in zip(runners, was): r.use_graphs = w
-
-def _hooked(m: nn.Module) -> bool:
-    "Has `m` or a submodule forward hooks? A replayed graph would skip them: such a model runs eagerly."
-    return any(s._forward_hooks or s._forward_pre_hooks for s in m.modules())
 
 def _flat(args) -> list[torch.Tensor]:
     "The tensors of a `TextModel` call's arguments, in order (the DeepStack list flattened)."
