@@ -223,6 +223,11 @@ class Encoder(nn.Module):
         self._drop_graphs()   # they read the device copy
         return self
 
+    @property
+    def _loaded_copy(self) -> bool:
+        "offload='cpu' with its weights loaded to a device other than the CPU (the host copy is the one kept)."
+        return self.offload == "cpu" and self.offloader.on_device and self.device.type != "cpu"
+
     def _drop_graphs(self):
         "Forget the captured CUDA graphs: they hold the addresses of weights that moved."
         self.runner.clear(); self.vision_runner.clear()
@@ -241,7 +246,7 @@ class Encoder(nn.Module):
             raise ValueError(f"offload={self.offload!r}: the weights stay {self.dtype} in host memory; to cast them, "
                              "set_offload(None) first, or load the encoder with that dtype")
         if to.device != here.device:   # (cuda and cuda:0 are one device)
-            on = self.offload == "cpu" and self.offloader.on_device and self.device.type != "cpu"
+            on = self._loaded_copy
             self.device = to.device
             self.set_offload(self.offload, self._ring)
             if on: self.load_to_device()
@@ -254,7 +259,7 @@ class Encoder(nn.Module):
         def named():
             for name, t in pairs:
                 seen.add(checkpoint_name(name)); yield name, t
-        reload = self.offload == "cpu" and self.offloader.on_device and self.device.type != "cpu"
+        reload = self._loaded_copy
         if reload: self.offload_to_cpu()   # fill the host copy, the one that is kept
         try: load_weights(self, named())
         except RuntimeError:   # a parameter not filled: name the missing tensors as from_pretrained does
