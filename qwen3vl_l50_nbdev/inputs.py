@@ -141,13 +141,16 @@ def sample_photo() -> Path:
     if spec is None: raise ValueError("the sample photograph comes with matplotlib: `pip install matplotlib`")
     return Path(spec.submodule_search_locations[0]) / "mpl-data" / "sample_data" / "grace_hopper.jpg"
 
+def _hf_settings(c: PixelConfig) -> dict:
+    "`c` as the keyword arguments of an HF Qwen-VL image or video processor (the pixel bounds, patches, mean and std)."
+    return dict(size=dict(shortest_edge=c.min_pixels, longest_edge=c.max_pixels), patch_size=c.patch_size,
+                temporal_patch_size=c.temporal_patch_size, merge_size=c.merge_size, image_mean=list(c.image_mean),
+                image_std=list(c.image_std))
+
 def image_pixels(images: list, c: PixelConfig = IMAGE) -> dict:
     "`pixel_values` and `image_grid_thw` of RGB PIL `images`: HF's Qwen-VL image processor (PIL backend) with `c`."
     from transformers import Qwen2VLImageProcessorPil
-    p = Qwen2VLImageProcessorPil(size=dict(shortest_edge=c.min_pixels, longest_edge=c.max_pixels),
-                                 patch_size=c.patch_size, temporal_patch_size=c.temporal_patch_size,
-                                 merge_size=c.merge_size, image_mean=list(c.image_mean), image_std=list(c.image_std),
-                                 rescale_factor=c.rescale_factor)
+    p = Qwen2VLImageProcessorPil(**_hf_settings(c), rescale_factor=c.rescale_factor)
     out = p(images=images, return_tensors="pt")
     return dict(pixel_values=out["pixel_values"], image_grid_thw=out["image_grid_thw"])
 
@@ -392,10 +395,7 @@ VIDEO_CASES = (   # (name, frames, height, width, settings)
 def _hf_video(c: PixelConfig):
     "transformers' Qwen3-VL video processor (needs torchvision) with settings `c`."
     from transformers import Qwen3VLVideoProcessor
-    return Qwen3VLVideoProcessor(size=dict(shortest_edge=c.min_pixels, longest_edge=c.max_pixels),
-                                 patch_size=c.patch_size, temporal_patch_size=c.temporal_patch_size,
-                                 merge_size=c.merge_size, image_mean=list(c.image_mean), image_std=list(c.image_std),
-                                 do_sample_frames=False)
+    return Qwen3VLVideoProcessor(**_hf_settings(c), do_sample_frames=False)
 
 def _meta(t: int, fps: float = 2.0):
     from transformers.video_utils import VideoMetadata
@@ -428,10 +428,8 @@ def _processor_rows(g, row):
                  vision_start_token_id="<|vision_start|>", vision_end_token_id="<|vision_end|>")
     cfg = replace(EncoderConfig(selected_layer=1), **{k: tok.convert_tokens_to_ids(t) for k, t in names.items()})
     ours = Processor(tok, cfg, IMAGE, VIDEO, source=which)
-    size = dict(shortest_edge=IMAGE.min_pixels, longest_edge=IMAGE.max_pixels)
-    hfp = Qwen3VLProcessor(image_processor=Qwen2VLImageProcessorPil(size=size, patch_size=16, image_mean=[0.5] * 3,
-                                                                    image_std=[0.5] * 3),
-                           tokenizer=tok, video_processor=_hf_video(VIDEO))
+    hfp = Qwen3VLProcessor(image_processor=Qwen2VLImageProcessorPil(**_hf_settings(IMAGE)), tokenizer=tok,
+                           video_processor=_hf_video(VIDEO))
     clips, pics = [_random_clip(g, 6, 96, 128), _random_clip(g, 3, 64, 64)], [_random_clip(g, 1, 300, 200)[0]]
     text = "Describe what happens in these videos."
     mine = ours(text, images=pics, videos=[list(c) for c in clips])
@@ -440,8 +438,8 @@ def _processor_rows(g, row):
     for k in mine:
         a, b = mine[k], theirs[k][0] if k == "input_ids" else theirs[k]
         row(f"processor, {which}", k, a.shape == b.shape and torch.equal(a, b), f"{list(a.shape)}")
-    tv = Qwen2VLImageProcessor(size=size, patch_size=16, image_mean=[0.5] * 3, image_std=[0.5] * 3)(
-        images=[Image.fromarray(p) for p in pics], return_tensors="pt")["pixel_values"]
+    tv = Qwen2VLImageProcessor(**_hf_settings(IMAGE))(images=[Image.fromarray(p) for p in pics],
+                                                     return_tensors="pt")["pixel_values"]
     d = (mine["pixel_values"] - tv).abs()
     row("image vs HF's torchvision backend (report only)", "pixel_values", True,
         f"max |diff| {d.max().item():.4g}, {(d > 0).float().mean().item():.2%} of values differ")
