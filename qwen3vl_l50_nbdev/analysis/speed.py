@@ -4,8 +4,8 @@
 
 # %% auto #0
 __all__ = ['hf_model', 'copy_rotary_', 'build_pair', 'fp32_hf', 'Compiled', 'compiled_ours', 'mode_runners', 'decoder_flops',
-           'gemm_peak', 'hbm_bandwidth', 'floor_ms', 'text_case', 'cases', 'run', 'sync', 'main', 'gemm_floor',
-           'gemm_table']
+           'gemm_peak', 'hbm_bandwidth', 'floor_ms', 'text_case', 'cases', 'run', 'sync', 'wall_ms', 'first_call',
+           'main', 'gemm_floor', 'gemm_table']
 
 # %% ../../nbs/analysis/04_speed.ipynb #1ef5b510
 import argparse
@@ -173,10 +173,8 @@ def run(cfg: EncoderConfig, full: bool, device, reps: int = 5, variants=("hf_eag
     log(f"[{time.time() - t0:6.1f} s] fp32 references")
     warm_buckets = float("nan")
     if "fast" in variants:                    # fast mode's default buckets, captured before any prompt
-        sync(cuda); t = time.perf_counter()
-        with torch.inference_mode():
-            for b in BUCKETS: call("fast", text_case(cfg, b))
-        sync(cuda); warm_buckets = time.perf_counter() - t
+        with torch.inference_mode(): warm_buckets = wall_ms(lambda: [call("fast", text_case(cfg, b)) for b in BUCKETS],
+                                                            cuda)[1] / 1e3
         log(f"[{time.time() - t0:6.1f} s] fast mode warm-up of the buckets: {warm_buckets:.1f} s")
     rows, hf_out = [], {}
     err = lambda x, ref: diff_row(x, ref)["rel_l2"]
@@ -186,15 +184,11 @@ def run(cfg: EncoderConfig, full: bool, device, reps: int = 5, variants=("hf_eag
             with torch.inference_mode():
                 out, warm, ms, mem = {}, {}, {v: [] for v in variants}, {}
                 for v in variants:              # first call (compilation, graph capture): time and peak memory
-                    sync(cuda)
-                    if cuda: torch.cuda.reset_peak_memory_stats(device); base = torch.cuda.memory_allocated(device)
-                    t = time.perf_counter(); out[v] = call(v, x); sync(cuda); warm[v] = time.perf_counter() - t
-                    mem[v] = (torch.cuda.max_memory_allocated(device) - base) / 2**30 if cuda else float("nan")
+                    out[v], warm[v], mem[v] = first_call(lambda: call(v, x), device)
                     call(v, x)
                 for _ in range(reps):           # interleaved: the variants see the same host and GPU state
                     for v in variants:
-                        sync(cuda); t = time.perf_counter(); out[v] = call(v, x); sync(cuda)
-                        ms[v].append(1e3 * (time.perf_counter() - t))
+                        out[v], t = wall_ms(lambda: call(v, x), cuda); ms[v].append(t)
             if "hf_eager" in out: hf_out[name] = out["hf_eager"]
             for v in variants:
                 med = statistics.median(ms[v])
@@ -214,10 +208,8 @@ def run(cfg: EncoderConfig, full: bool, device, reps: int = 5, variants=("hf_eag
             packed = call(v, pair)
             one, two = [], []
             for _ in range(reps):
-                sync(cuda); t = time.perf_counter(); call(v, pair); sync(cuda)
-                one.append(1e3 * (time.perf_counter() - t))
-                sync(cuda); t = time.perf_counter(); [call(v, x) for x in pair]; sync(cuda)
-                two.append(1e3 * (time.perf_counter() - t))
+                one.append(wall_ms(lambda: call(v, pair), cuda)[1])
+                two.append(wall_ms(lambda: [call(v, x) for x in pair], cuda)[1])
             rows.append(dict(case=f"2 x text {n}, one call", tokens=2 * n, variant=v, ms=statistics.median(one),
                              ms_min=min(one), two_calls_ms=statistics.median(two),
                              batch_ratio=statistics.median(one) / statistics.median(two),
@@ -248,6 +240,19 @@ def run(cfg: EncoderConfig, full: bool, device, reps: int = 5, variants=("hf_eag
 
 def sync(cuda):
     if cuda: torch.cuda.synchronize()
+
+def wall_ms(call, cuda: bool) -> tuple:
+    "`call()` between two syncs: its output and its wall milliseconds."
+    sync(cuda); t = time.perf_counter(); out = call(); sync(cuda)
+    return out, 1e3 * (time.perf_counter() - t)
+
+def first_call(call, device) -> tuple:
+    ("The first `call()` (compilation, graph capture): its output, its seconds, and the GiB it peaked at above what "
+     "was allocated before (NaN off CUDA).")
+    cuda = torch.device(device).type == "cuda"
+    if cuda: sync(cuda); torch.cuda.reset_peak_memory_stats(device); base = torch.cuda.memory_allocated(device)
+    out, ms = wall_ms(call, cuda)
+    return out, ms / 1e3, (torch.cuda.max_memory_allocated(device) - base) / 2**30 if cuda else float("nan")
 
 # %% ../../nbs/analysis/04_speed.ipynb #a9ba5e88
 def main(argv=None) -> int:

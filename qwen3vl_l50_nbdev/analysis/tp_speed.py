@@ -34,7 +34,7 @@ from ..rope import rope_index
 from ..testing import hf_forward
 from .weights import random_weights_
 from .bench import decoder_states, graph_us
-from .speed import text_case, sync, hf_model, copy_rotary_
+from .speed import text_case, hf_model, copy_rotary_, wall_ms, first_call
 from .report import provenance, data_dir
 
 # %% ../../nbs/analysis/05_tp_speed.ipynb #482ef509
@@ -140,14 +140,10 @@ def fp32_reference(enc: Encoder, x: dict) -> torch.Tensor:
 def timed(call, reps: int, device) -> tuple[torch.Tensor, dict]:
     ("`call()` once (compilation, graph capture: its seconds and peak memory above what was allocated), once more, "
      "then `reps` times, each synced: the output and the numbers.")
-    cuda = torch.device(device).type == "cuda"
-    sync(cuda)
-    if cuda: torch.cuda.reset_peak_memory_stats(device); base = torch.cuda.memory_allocated(device)
-    t = time.perf_counter(); out = call(); sync(cuda); first = time.perf_counter() - t
-    peak = (torch.cuda.max_memory_allocated(device) - base) / 2**30 if cuda else float("nan")
+    out, first, peak = first_call(call, device)
     call(); ms = []
     for _ in range(reps):
-        sync(cuda); t = time.perf_counter(); out = call(); sync(cuda); ms.append(1e3 * (time.perf_counter() - t))
+        out, t = wall_ms(call, torch.device(device).type == "cuda"); ms.append(t)
     return out, dict(ms=statistics.median(ms), ms_min=min(ms), first_call_s=first, peak_act_gib=peak)
 
 def _bits(t: torch.Tensor) -> int:
