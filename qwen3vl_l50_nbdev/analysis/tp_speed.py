@@ -66,8 +66,9 @@ def grid(tokens=(128, 512, 2048), fp8_tokens=(2048,), tps=(1, 2), fp8_reduce: st
     return out
 
 def rows_of(df: pd.DataFrame, v: Variant) -> pd.Series:
-    "Which rows of a results table `df` measure variant `v` (a boolean mask)."
-    return (df[list(v._fields)] == pd.Series(v._asdict())).all(axis=1)
+    "Which rows of a results table `df` measure variant `v` (a boolean mask; a field None matches any value)."
+    want = {k: x for k, x in v._asdict().items() if x is not None}
+    return (df[list(want)] == pd.Series(want)).all(axis=1)
 
 # %% ../../nbs/analysis/05_tp_speed.ipynb #a12d5cd7
 def build_ours(cfg: EncoderConfig, v: Variant, group: Group, device, seed: int = 0) -> Encoder:
@@ -292,8 +293,7 @@ def findings(df: pd.DataFrame, n: int | None = None) -> str:
     n = n or int((fp8 if len(fp8) else df)["tokens"].max())
     d = df[df["tokens"] == n]
     def at(**kw):   # the row of a variant (a field None: any value), or None
-        v = dict(impl="ours", tp=1, reduce="none", quant="none", mode="exact") | kw
-        r = d[pd.concat([d[k] == x for k, x in v.items() if x is not None], axis=1).all(axis=1)]
+        r = d[rows_of(d, BASE._replace(**kw))]
         return r.iloc[0] if len(r) else None
     b, out = at(), []
     x = lambda r, k="ms": f"{r[k] / b[k]:.2f}×"
