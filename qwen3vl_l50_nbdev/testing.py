@@ -114,14 +114,15 @@ def hf_reference(path, inputs: dict, selected_layer: int, dtype=torch.float32, d
     lm.layers, lm.norm = lm.layers[:selected_layer], nn.Identity()
     return hf_forward(model, EncoderConfig.from_hf(model.config, selected_layer), inputs, device)
 
-def hf_forward(model: nn.Module, cfg: EncoderConfig, inputs: dict, device="cpu") -> torch.Tensor:
+def hf_forward(model: nn.Module, cfg: EncoderConfig, inputs: dict, device="cpu", to_host=torch.Tensor.cpu
+               ) -> torch.Tensor:
     ("A `Qwen3VLModel`'s `last_hidden_state` for one prompt's `encode` inputs (token types from `cfg`): "
-     "[seq, hidden] on the CPU.")
+     "[seq, hidden] on the CPU, through `to_host` (a benchmark gives HF our encoder's `HostCopy`).")
     ids = inputs["input_ids"].to(device)[None]
     kw = {k: v.to(device) for k, v in inputs.items() if k != "input_ids"}
     out = model(input_ids=ids, attention_mask=torch.ones_like(ids), mm_token_type_ids=mm_token_types(ids, cfg),
                 use_cache=False, **kw)
-    return out.last_hidden_state[0].cpu()
+    return to_host(out.last_hidden_state[0])
 
 # %% ../nbs/13_testing.ipynb #8e1aaae8
 def copy_hf_(ours: nn.Module, hf: nn.Module) -> nn.Module:

@@ -150,13 +150,13 @@ def run(cfg: EncoderConfig, full: bool, device, reps: int = 5, variants=("hf_eag
     log(f"[{time.time() - t0:6.1f} s] built HF and ours, {gib:.1f} GiB")
     cuda = device.type == "cuda"
     hf_comp, our_comp, runners = Compiled(hf.language_model.layers), compiled_ours(enc), mode_runners(enc)
-    def call(v, x):
+    def call(v, x, where="cpu"):   # the result on the CPU: HF's through our encoder's copy (`HostCopy`) too
         if v.startswith("hf"):
             hf_comp(v == "hf_compiled" and cuda)
-            return hf_forward(hf, cfg, x, device)
+            return hf_forward(hf, cfg, x, device, enc.to_host)
         fast = v.endswith("fast")
         set_fused_(enc, fast); our_comp(fast and cuda); enc.runner, enc.vision_runner = runners[v.removeprefix("fp8_")]
-        return enc.encode_batch(x) if isinstance(x, list) else enc.encode(**x)
+        return enc.encode_batch(x, where) if isinstance(x, list) else enc.encode(**x, output_device=where)
     peak, bw = (gemm_peak(device), hbm_bandwidth(device)) if cuda else (float("nan"), float("nan"))
     weight_bytes = sum(p.numel() * p.element_size() for p in enc.text.layers.parameters())
     floor = lambda n: floor_ms(cfg, n, weight_bytes, peak, bw)
@@ -197,7 +197,9 @@ def run(cfg: EncoderConfig, full: bool, device, reps: int = 5, variants=("hf_eag
                                  decoder_tflops=tflops, mfu=tflops / peak, floor_ms=floor(n), x_floor=med / floor(n),
                                  peak_act_gib=mem[v], bitwise_to_hf=torch.equal(out[v], ref_to[name]),
                                  rel_l2_to_hf=diff_row(out[v], ref_to[name])["rel_l2"],
-                                 rel_l2_to_fp32=diff_row(out[v], ref)["rel_l2"] if ref is not None else float("nan")))
+                                 rel_l2_to_fp32=diff_row(out[v], ref)["rel_l2"] if ref is not None else float("nan"),
+                                 device_output_same=None if v.startswith("hf")   # encode(output_device=the GPU)
+                                 else torch.equal(call(v, x, device).cpu(), out[v])))
             log(f"[{time.time() - t0:6.1f} s] {name}: "
                 + ", ".join(f"{v} {statistics.median(ms[v]):.1f} ms (first {warm[v]:.1f} s)" for v in variants))
     timed(todo, variants, hf_out)

@@ -25,7 +25,7 @@ from ..config import EncoderConfig, qwen3vl_32b, tiny
 from ..dist import Group, encoder_group, init_world, enable_one_shot, disable_one_shot
 from ..tp import REDUCE_MODES
 from ..text import TP_PLAN
-from ..encoder import Encoder
+from ..encoder import Encoder, HostCopy
 from ..fast import MODES, compile_layers_
 from ..fp8 import GRANULARITIES, quantize_model_
 from ..loading import checkpoint_tensors, checkpoint_name
@@ -181,8 +181,8 @@ def bench(cfg: EncoderConfig, tokens=(128, 512, 2048), fp8_tokens=(2048,), reps:
         torch._dynamo.reset(); gc.collect()
         if device.type == "cuda": torch.cuda.empty_cache()
     barrier = lambda: world > 1 and dist.barrier()
-    ours = lambda enc: lambda x: enc.encode(**x)
-    hf_call = lambda hf: lambda x: hf_forward(hf, cfg, x, device)
+    ours, host = lambda enc: lambda x: enc.encode(**x), HostCopy()
+    hf_call = lambda hf: lambda x: hf_forward(hf, cfg, x, device, host)   # to the CPU as ours: `HostCopy`
     enc = build_ours(cfg, BASE, Group.local(), device, seed)
     hf = hf_copy(enc)
     say(f"built ours and HF's copy at TP 1: {weight_gib(enc):.1f} + {weight_gib(hf):.1f} GiB")
