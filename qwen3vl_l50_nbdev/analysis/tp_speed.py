@@ -10,6 +10,7 @@ __all__ = ['FP8_QUANTS', 'BASE', 'COMM_MODES', 'KEYS', 'KINDS', 'Variant', 'grid
 
 # %% ../../nbs/analysis/05_tp_speed.ipynb #3d53b89b
 import argparse
+import contextlib
 import gc
 import os
 import statistics
@@ -355,13 +356,13 @@ def kernel_kind(name: str) -> str:
     if n.startswith(("memcpy", "memset", "aten::copy_")): return "copy"
     return next((kind for kind, keys in _KIND_KEYS if any(k in n for k in keys)), "other")
 
-def layer_profile(enc: Encoder, x: dict, calls: int = 3) -> pd.Series:
+def layer_profile(enc: Encoder, x: dict, calls: int = 3, graphs: bool = True) -> pd.Series:
     ("Microseconds per decoder layer of `enc.encode(**x)` by `kernel_kind`, from `torch.profiler` over `calls` calls "
-     "with the CUDA graphs off: kernel time on a GPU, operators' self time on the CPU.")
+     "(`graphs`: replayed from the CUDA graphs, as shipped): kernel time on a GPU, operators' self time on the CPU.")
     from torch.profiler import profile, ProfilerActivity
     from torch.autograd import DeviceType
     cuda = enc.device.type == "cuda"
-    with no_graphs(enc.runner, enc.vision_runner):
+    with contextlib.nullcontext() if graphs else no_graphs(enc.runner, enc.vision_runner):
         enc.encode(**x)
         with profile(activities=[ProfilerActivity.CUDA if cuda else ProfilerActivity.CPU]) as prof:
             for _ in range(calls): enc.encode(**x)
@@ -388,8 +389,8 @@ def profile_bench(cfg: EncoderConfig, tokens=(128, 2048, 8192), device="cuda", s
                 x = text_case(cfg, n, seed)
                 enc.encode(**x)
                 ms = statistics.median(wall_ms(lambda: enc.encode(**x), device.type == "cuda")[1] for _ in range(reps))
-                rows += [dict(tp=tp, tokens=n, kind=k, us_per_layer=v, call_ms=ms)
-                         for k, v in layer_profile(enc, x).items()]
+                rows += [dict(tp=tp, tokens=n, graphs=g, kind=k, us_per_layer=v, call_ms=ms)
+                         for g in (True, False) for k, v in layer_profile(enc, x, graphs=g).items()]
             del enc; torch._dynamo.reset(); gc.collect()
             if device.type == "cuda": torch.cuda.empty_cache()
         if world > 1: dist.barrier()
