@@ -397,9 +397,11 @@ def profile_bench(cfg: EncoderConfig, tokens=(128, 2048, 8192), device="cuda", s
     return pd.DataFrame(rows) if rank == 0 else None
 
 def profile_plot(prof: pd.DataFrame):
-    "Stacked bars of `profile_bench`'s us per layer by kind: a panel per length, a bar per TP size. 720 px at dpi 50."
+    ("Stacked bars of `profile_bench`'s us per layer by kind: a panel per length, a bar per TP size; with a `layers` "
+     "column, a black line at each call's wall time per layer. 720 px wide at dpi 50.")
     import matplotlib.pyplot as plt
     from matplotlib.patches import Patch
+    from matplotlib.lines import Line2D
     tokens = sorted(prof["tokens"].unique())
     colors = dict(zip(KINDS, plt.get_cmap("tab10").colors))
     with plt.rc_context({"font.size": 13, "axes.titlesize": 13, "legend.fontsize": 12}):
@@ -409,11 +411,15 @@ def profile_plot(prof: pd.DataFrame):
             bottom = pd.Series(0.0, index=d.index)
             for k in [k for k in KINDS if k in d]:
                 ax.bar([f"TP {t}" for t in d.index], d[k], bottom=bottom, color=colors[k], label=k); bottom += d[k]
+            if "layers" in prof:
+                wall = prof[prof["tokens"] == n].groupby("tp")["call_ms"].first() * 1e3 / prof["layers"].iloc[0]
+                ax.scatter([f"TP {t}" for t in wall.index], wall, marker="_", s=3000, lw=3, color="k", zorder=3)
             ax.set_title(f"{n} tokens"); ax.grid(alpha=0.3, axis="y")
         axes[0][0].set_ylabel("us per decoder layer (kernel time)")
         kinds = [k for k in KINDS if k in set(prof["kind"])]
-        fig.legend(handles=[Patch(color=colors[k], label=k) for k in kinds], loc="lower center", ncol=len(kinds),
-                   frameon=False)
+        handles = [Patch(color=colors[k], label=k) for k in kinds] + (
+            [Line2D([], [], color="k", lw=3, label="wall / layers")] if "layers" in prof else [])
+        fig.legend(handles=handles, loc="lower center", ncol=len(handles), frameon=False)
         fig.suptitle("where a decoder layer's time goes, fast mode", fontsize=15)
         fig.tight_layout(rect=(0, 0.08, 1, 1))
     return fig
