@@ -354,14 +354,13 @@ class Encoder(nn.Module):
 
     def _forward(self, prompts: list[dict], output_device="cpu") -> list[torch.Tensor]:
         "Checked prompts -> their states on `output_device`: one embedding, vision and decoder pass over them packed."
-        to = self._output_device(output_device)
-        with self._weights_placed(): out = self._run(prompts)
+        to, lens = self._output_device(output_device), [len(p["input_ids"]) for p in prompts]
+        with self._weights_placed(): out = self._run(prompts, lens)
         out = self.to_host(out) if to.type == "cpu" else out.clone()   # a graph's output is overwritten by the next
-        return list(out.split([len(p["input_ids"]) for p in prompts]))
+        return list(out.split(lens))
 
-    def _run(self, prompts: list[dict]) -> torch.Tensor:
-        "`_forward` with the weights placed: the packed states, on the device (in a CUDA graph's memory, maybe)."
-        lens = [len(p["input_ids"]) for p in prompts]
+    def _run(self, prompts: list[dict], lens: list[int]) -> torch.Tensor:
+        "`_forward` with the weights placed (`lens`: the prompts' lengths): the packed states, on the device."
         ids = torch.cat([p["input_ids"] for p in prompts]).to(self.device, torch.long)
         h = self.text.embed_tokens(ids)
         image_mask, video_mask = placeholder_masks(ids, self.cfg)

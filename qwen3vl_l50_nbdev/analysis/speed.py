@@ -5,7 +5,7 @@
 # %% auto #0
 __all__ = ['hf_model', 'copy_rotary_', 'build_pair', 'fp32_hf', 'Compiled', 'compiled_ours', 'mode_runners', 'decoder_flops',
            'gemm_peak', 'hbm_bandwidth', 'floor_ms', 'text_case', 'cases', 'run', 'sync', 'wall_ms', 'first_call',
-           'main', 'gemm_floor', 'gemm_table']
+           'free_memory', 'main', 'gemm_floor', 'gemm_table']
 
 # %% ../../nbs/analysis/04_speed.ipynb #1ef5b510
 import argparse
@@ -223,8 +223,7 @@ def run(cfg: EncoderConfig, full: bool, device, reps: int = 5, variants=("hf_eag
             log(f"{rows[-1]['case']}, {v}: {rows[-1]['ms']:.1f} ms, two calls {rows[-1]['two_calls_ms']:.1f} ms")
     if fp8:                       # HF freed (its compiled code too), our decoder in FP8, the graphs captured anew
         hf = hf_comp = None
-        torch._dynamo.reset(); gc.collect()
-        if cuda: torch.cuda.empty_cache()
+        free_memory(device)
         quantize_model_(enc.text)
         our_comp, runners = compiled_ours(enc), mode_runners(enc)
         enc.runner, enc.vision_runner = runners["exact"]    # the bf16 graphs go with the old runners
@@ -255,6 +254,11 @@ def first_call(call, device) -> tuple:
     if cuda: sync(cuda); torch.cuda.reset_peak_memory_stats(device); base = torch.cuda.memory_allocated(device)
     out, ms = wall_ms(call, cuda)
     return out, ms / 1e3, (torch.cuda.max_memory_allocated(device) - base) / 2**30 if cuda else float("nan")
+
+def free_memory(device):
+    "Let a dropped model go: compiled code (which holds its modules) forgotten, garbage collected, CUDA cache emptied."
+    torch._dynamo.reset(); gc.collect()
+    if torch.device(device).type == "cuda": torch.cuda.empty_cache()
 
 # %% ../../nbs/analysis/04_speed.ipynb #a9ba5e88
 def main(argv=None) -> int:

@@ -11,7 +11,6 @@ __all__ = ['FP8_QUANTS', 'BASE', 'COMM_MODES', 'KEYS', 'KINDS', 'Variant', 'grid
 # %% ../../nbs/analysis/05_tp_speed.ipynb #3d53b89b
 import argparse
 import contextlib
-import gc
 import os
 import statistics
 import sys
@@ -36,7 +35,7 @@ from ..rope import rope_index
 from ..testing import hf_forward
 from .weights import random_weights_
 from .bench import decoder_states, graph_us
-from .speed import text_case, hf_model, copy_rotary_, wall_ms, first_call
+from .speed import text_case, hf_model, copy_rotary_, wall_ms, first_call, free_memory
 from .report import provenance, data_dir
 
 # %% ../../nbs/analysis/05_tp_speed.ipynb #482ef509
@@ -179,9 +178,6 @@ def bench(cfg: EncoderConfig, tokens=(128, 512, 2048), fp8_tokens=(2048,), reps:
                                                rel_l2_to_hf=diff_row(out, hf_out[n])["rel_l2"] if n in hf_out
                                                else float("nan")))
         say(f"{v}: done")
-    def free():   # the last model, its graphs and compiled code
-        torch._dynamo.reset(); gc.collect()
-        if device.type == "cuda": torch.cuda.empty_cache()
     barrier = lambda: world > 1 and dist.barrier()
     ours, host = lambda enc: lambda x: enc.encode(**x), HostCopy()
     hf_call = lambda hf: lambda x: hf_forward(hf, cfg, x, device, host)   # to the CPU as ours: `HostCopy`
@@ -194,18 +190,18 @@ def bench(cfg: EncoderConfig, tokens=(128, 512, 2048), fp8_tokens=(2048,), reps:
         say("fp32 references")
         measure(Variant("hf", 1, "none", "none", "eager"), hf, hf_call(hf))
         measure(BASE, enc, ours(enc))
-    del enc; free(); barrier()
+    del enc; free_memory(device); barrier()
     if 2 in tps:   # PyTorch's tensor parallelism over HF's model, on both ranks
-        parallelize_hf_(hf, 2, device); free()
+        parallelize_hf_(hf, 2, device); free_memory(device)
         measure(Variant("hf", 2, "bf16", "none", "eager"), hf, hf_call(hf))
-    del hf; free(); barrier()
+    del hf; free_memory(device); barrier()
     for tp in tps:
         group = encoder_group(tp) if world > 1 else Group.local()
         for v in dict.fromkeys(w for w, _ in todo if w.impl == "ours" and w.tp == tp and w != BASE):
             if not group.is_member: continue
             enc = build_ours(cfg, v, group, device, seed)
             measure(v, enc, ours(enc))
-            del enc; free()
+            del enc; free_memory(device)
         barrier()
     if rank != 0: return None
     df = pd.DataFrame(rows)
@@ -376,7 +372,7 @@ def layer_profile(enc: Encoder, x: dict, calls: int = 3, graphs: bool = True) ->
 def profile_bench(cfg: EncoderConfig, tokens=(128, 2048, 8192), device="cuda", seed: int = 0, reps: int = 5
                   ) -> pd.DataFrame | None:
     ("On every rank of a world of 1 or 2: fast mode at TP 1 (rank 0) and TP 2 (fp32 reduce), `layer_profile` at each "
-     "of `tokens` and the median wall ms of `reps` calls as shipped; a row per (tp, tokens, kind) on rank 0.")
+     "of `tokens` and the median wall ms of `reps` calls as shipped (`timed`); a row per (tp, tokens, kind) on rank 0.")
     device = torch.device(device)
     world, rank = (dist.get_world_size(), dist.get_rank()) if dist.is_initialized() else (1, 0)
     rows = []
@@ -387,12 +383,10 @@ def profile_bench(cfg: EncoderConfig, tokens=(128, 2048, 8192), device="cuda", s
                              seed)
             for n in tokens:
                 x = text_case(cfg, n, seed)
-                enc.encode(**x)
-                ms = statistics.median(wall_ms(lambda: enc.encode(**x), device.type == "cuda")[1] for _ in range(reps))
+                ms = timed(lambda: enc.encode(**x), reps, device)[1]["ms"]
                 rows += [dict(tp=tp, tokens=n, graphs=g, kind=k, us_per_layer=v, call_ms=ms)
                          for g in (True, False) for k, v in layer_profile(enc, x, graphs=g).items()]
-            del enc; torch._dynamo.reset(); gc.collect()
-            if device.type == "cuda": torch.cuda.empty_cache()
+            del enc; free_memory(device)
         if world > 1: dist.barrier()
     return pd.DataFrame(rows) if rank == 0 else None
 
