@@ -11,7 +11,7 @@ from typing import Iterable
 import torch
 import torch.nn as nn
 from .config import EncoderConfig
-from .dist import Group, encoder_group, enable_one_shot
+from .dist import Group, encoder_group, enable_one_shot, enable_exchange
 from .tp import REDUCE_MODES
 from .vision import VisionModel, check_pixels
 from .text import TextModel
@@ -21,6 +21,7 @@ from .loading import load_checkpoint, load_weights, checkpoint_tensors, _missing
 from .loading import checkpoint_name
 from .fp8 import quantize_model_, check_fp8_modes
 from .fast import check_mode, set_fused_, compile_layers_, TextRunner, VisionRunner, no_graphs
+from .fast import OVERLAP_FROM
 from .offload import check_offload, CpuOffload, LayerwiseOffload
 
 # %% ../nbs/08_encoder.ipynb #49b5d5c5
@@ -188,9 +189,11 @@ class Encoder(nn.Module):
         self.cfg.validate(self.group.size)
         self.vision = VisionModel(cfg.vision, dtype, self.device)
         self.text = TextModel(cfg.text, cfg.selected_layer, self.group, reduce, dtype, self.device)
-        if mode == "fast":   # fused GEMMs, batched vision attention; small sums over the group in one kernel on CUDA
+        if mode == "fast":   # fused GEMMs, batched vision attention; sums through symmetric memory on CUDA
             set_fused_(self)
-            if self.device.type == "cuda": enable_one_shot(self.group)
+            if self.device.type == "cuda":
+                enable_one_shot(self.group)
+                if enable_exchange(self.group): self.text.overlap_from = OVERLAP_FROM   # TP 2: sums in flight
         self.runner = TextRunner(self.text, padded=mode == "fast")   # CUDA graphs of the decoder (eager on the CPU)
         self.vision_runner = VisionRunner(self.vision)                # and of the vision blocks
         self.offloader, self._ring = None, 2   # `offload.CpuOffload` or `.LayerwiseOffload` (`set_offload`)

@@ -20,11 +20,13 @@ from pathlib import Path
 from typing import NamedTuple
 import torch
 import torch.nn as nn
+import torch.nn.functional as F
 import torch.distributed as dist
 import pandas as pd
 from ..config import EncoderConfig, qwen3vl_32b, tiny
-from ..dist import Group, encoder_group, init_world, enable_one_shot, disable_one_shot
-from ..tp import REDUCE_MODES
+from ..dist import Group, encoder_group, init_world, enable_one_shot, disable_one_shot, disable_exchange
+from ..dist import enable_exchange, _exchange_fits, shared_slots
+from ..tp import REDUCE_MODES, RowParallelLinear
 from ..text import TP_PLAN
 from ..encoder import Encoder, HostCopy
 from ..fast import MODES, compile_layers_, no_graphs
@@ -79,7 +81,8 @@ def build_ours(cfg: EncoderConfig, v: Variant, group: Group, device, seed: int =
     enc = random_weights_(Encoder(cfg, group, "fp32" if v.reduce == "none" else v.reduce, torch.bfloat16, device,
                                   mode), seed)
     if v.quant != "none": quantize_model_(enc.text, *v.quant.split("-")[1:])
-    if v.mode in ("exact", "fast-nccl"): disable_one_shot(group)   # the group's sums through NCCL (set per group)
+    if v.mode in ("exact", "fast-nccl"):   # every sum through NCCL, waited for (the choice is per group)
+        disable_one_shot(group); disable_exchange(group); enc.text.overlap_from = None
     if mode == "fast": compile_layers_(enc.text)
     return enc
 
@@ -209,11 +212,14 @@ def bench(cfg: EncoderConfig, tokens=(128, 512, 2048), fp8_tokens=(2048,), reps:
     return df.assign(err_x_tp1=df["rel_l2"] / df["tokens"].map(base), run_s=time.time() - t0)
 
 # %% ../../nbs/analysis/05_tp_speed.ipynb #d7819171
-def sum_bench(group: Group, device, rows=(128, 512, 2048, 8192), hidden: int = 5120) -> pd.DataFrame:
-    ("Per sum of `[rows, hidden]` over a CUDA `group`: NCCL's and the one-shot kernel's microseconds, whether they "
-     "agree bitwise, and whether NCCL's sum equals its fp32 sum rounded back (`tp.RowSum.acc`).")
+def sum_bench(group: Group, device, rows=(128, 256, 512, 1024, 2048, 4096, 8192), hidden: int = 5120,
+              k: int = 4096) -> pd.DataFrame:
+    ("Per sum of `[rows, hidden]` over a CUDA `group`, in us: NCCL's, the one-shot kernel's, the copy-engine "
+     "exchange's (`Group.sum_start`, its add included; bf16, where a slot holds it); whether each gives NCCL's bits; "
+     "whether NCCL's sum equals its fp32 sum rounded back (`tp.RowSum.acc`). Where a shared slot holds the sum: a "
+     "`[rows, k]` GEMM alone, with the one-shot sum, and through the shared slots (`tp.RowParallelLinear`, add in).")
     enable_one_shot(group, max(rows) * hidden * 4)   # buffers for the largest: every sum below takes the kernel
-    out = []
+    xch, out = enable_exchange(group), []
     try:
         for dt in (torch.float32, torch.bfloat16):
             for n in rows:
@@ -222,12 +228,33 @@ def sum_bench(group: Group, device, rows=(128, 512, 2048, 8192), hidden: int = 5
                 dist.all_reduce(ref, group=group.pg)
                 same = torch.equal(group.all_reduce(x), ref)
                 f32 = x.float(); dist.all_reduce(f32, group=group.pg)   # the fp32 sum, for tp.RowSum.acc's claim
-                out.append(dict(rows=n, dtype=str(dt).removeprefix("torch."), mib=x.nbytes / 2**20,
-                                nccl_us=graph_us(lambda: dist.all_reduce(y, group=group.pg)),
-                                one_shot_us=graph_us(lambda: group.all_reduce(x)), bitwise=same,
-                                fp32_sum_same=torch.equal(ref, f32.to(dt))))
+                r = dict(rows=n, dtype=str(dt).removeprefix("torch."), mib=x.nbytes / 2**20,
+                         nccl_us=graph_us(lambda: dist.all_reduce(y, group=group.pg)),
+                         one_shot_us=graph_us(lambda: group.all_reduce(x)), bitwise=same,
+                         fp32_sum_same=torch.equal(ref, f32.to(dt)))
+                if xch and dt == torch.bfloat16 and _exchange_fits(group.name, x, dt):
+                    r["exchange_bits"] = torch.equal(_add(group.sum_start(x, slot=3).wait()), ref)   # then 0, 1, ...
+                    r["exchange_us"] = graph_us(lambda: [_add(group.sum_start(x, slot=s).wait()) for s in range(4)],
+                                                10) / 4
+                if xch and dt == torch.bfloat16 and shared_slots(group.name, 0, x.nbytes):
+                    r.update(_gemm_sums(group, n, hidden, k, device))
+                out.append(r)
     finally: enable_one_shot(group)   # back to the default buffers
     return pd.DataFrame(out)
+
+_add = lambda terms: terms[0] + terms[1]
+
+def _gemm_sums(group: Group, n: int, hidden: int, k: int, device) -> dict:
+    "`sum_bench`'s GEMM columns: a row-parallel `[n, k] x [k, hidden]` alone, with the one-shot sum, shared."
+    lin = RowParallelLinear(k * group.size, hidden, group, dtype=torch.bfloat16, device=device, slot=0)
+    lin.weight.data.normal_(0, 0.02)
+    a = torch.randn(n, k, device=device, dtype=torch.bfloat16)
+    ref = F.linear(a, lin.weight); dist.all_reduce(ref, group=group.pg)
+    two = lambda: [lin(a), setattr(lin, "slot", 1 - lin.slot)]   # slots alternate, as attention and MLP do
+    shared_bits = torch.equal(lin(a), ref); lin.slot = 1   # slot 0 used: 1 next
+    return dict(gemm_us=graph_us(lambda: F.linear(a, lin.weight)),
+                gemm_one_shot_us=graph_us(lambda: group.all_reduce(F.linear(a, lin.weight))),
+                gemm_shared_us=graph_us(two), shared_bits=shared_bits)
 
 # %% ../../nbs/analysis/05_tp_speed.ipynb #0ef802ba
 KEYS = ["tokens", "impl", "tp", "reduce", "quant", "mode"]
@@ -341,7 +368,7 @@ def findings(df: pd.DataFrame, n: int | None = None) -> str:
 
 # %% ../../nbs/analysis/05_tp_speed.ipynb #c0282a24
 KINDS = ("gemm", "attention", "sum", "compiled", "copy", "other")
-_KIND_KEYS = (("sum", ("nccl", "all_reduce", "allreduce")),
+_KIND_KEYS = (("sum", ("nccl", "all_reduce", "allreduce", "barrier")),
               ("gemm", ("gemm", "nvjet", "cutlass", "xmma", "splitkreduce", "aten::mm", "aten::addmm", "aten::bmm")),
               ("attention", ("sdpa", "flash", "fmha", "attention")))
 
@@ -349,6 +376,7 @@ def kernel_kind(name: str) -> str:
     "The kind (one of `KINDS`) of a profiled CUDA kernel or CPU operator, by its name."
     n = name.lower()
     if n.startswith("triton"): return "compiled"   # inductor's kernels are named after their ops, sdpa's neighbours too
+    if "ptop" in n: return "sum"   # a copy between the GPUs: the exchange's (`dist.Group.sum_start`)
     if n.startswith(("memcpy", "memset", "aten::copy_")): return "copy"
     return next((kind for kind, keys in _KIND_KEYS if any(k in n for k in keys)), "other")
 
@@ -493,7 +521,6 @@ def layer_comm_bench(group: Group, cfg: EncoderConfig, device, rows=(128, 2048, 
                      ) -> pd.DataFrame:
     ("One decoder layer's GEMMs at TP `group.size` (CUDA), in us: alone, with the all-reduces, sequence-parallel "
      "through NCCL and through symmetric memory's fused ops; TP 1's GEMMs; whether the fused ops give the plain bits.")
-    import torch.nn.functional as F
     t, tp, name, bf = cfg.text, group.size, group.pg.group_name, torch.bfloat16
     H, M = t.hidden_size, t.intermediate_size
     Q, KV = t.num_attention_heads * t.head_dim, t.num_key_value_heads * t.head_dim
