@@ -173,7 +173,7 @@ def compile_layers_(model: nn.Module) -> nn.Module:
         for m in model.modules():
             if isinstance(m, DecoderLayer):   # one compiled graph per function serves every layer
                 m.compile()
-                m.stages = tuple(torch.compile(f) for f in (m.attn_in, m.self_attn.attend, m.mlp_in))
+                m.stages = tuple(torch.compile(f) for f in m.plain_stages())   # FP8's partials: quantization fused
             if isinstance(m, Block): m.compile(dynamic=False)   # dynamic shapes: inductor fails on batched attention
     return model
 

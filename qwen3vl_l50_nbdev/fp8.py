@@ -157,4 +157,5 @@ def quantize_model_(model: nn.Module, granularity: str = "channel", act: str = "
                 raise ValueError(f"{name} is already FP8 ({old.extra_repr()}): quantize a model once")
             setattr(layer.get_submodule(parent), leaf, FP8_LAYERS[plan.style](old, granularity, act))
             del old
+        layer.stages = None   # stages compiled before would still run the bf16 projections
     return model

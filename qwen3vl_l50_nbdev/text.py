@@ -118,7 +118,7 @@ class DecoderLayer(nn.Module):
         self.self_attn = Attention(cfg, group, reduce, dtype, device)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype, device)
         self.mlp = MLP(cfg, group, reduce, dtype, device)
-        self.stages = None   # compiled `attn_in`, `self_attn.attend`, `mlp_in` (fast mode: `fast.compile_layers_`)
+        self.stages = None   # `plain_stages()` compiled, in fast mode (`fast.compile_layers_`)
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, lens: list[int] | None = None
                 ) -> torch.Tensor:
@@ -136,6 +136,11 @@ class DecoderLayer(nn.Module):
         "`h = x +` the attention output (the terms of its sum), and the MLP's hidden activations of `h`."
         h = add_sum(x, attn_terms)
         return h, self.mlp.hidden(self.post_attention_layernorm(h))
+
+    def plain_stages(self) -> tuple:
+        "`attn_in`, attention, `o_proj`'s partial, `mlp_in`, `down_proj`'s partial: the steps between the sums."
+        return (self.attn_in, self.self_attn.attend, self.self_attn.o_proj.partial, self.mlp_in,
+                self.mlp.down_proj.partial)
 
 def add_sum(x: torch.Tensor, terms) -> torch.Tensor:
     ("`x` plus a row-parallel output from the terms of its sum over the group (`dist.PendingSum.wait`); the "
@@ -174,16 +179,16 @@ class TextModel(nn.Module):
         "`forward`'s layers on two row halves, each half's sums over the group in flight while the other half computes."
         xs, mlp = list(h.tensor_split(2)), [None, None]   # the halves, and each one's pending MLP sum
         for i, layer in enumerate(self.layers):
-            attn_in, attend, mlp_in = layer.stages or (layer.attn_in, layer.self_attn.attend, layer.mlp_in)
+            attn_in, attend, o_part, mlp_in, down_part = layer.stages or layer.plain_stages()
             qkv = []
             for c in (0, 1):
                 xs[c], *t = attn_in(xs[c], *(mlp[c].wait() if mlp[c] else ()))
                 qkv.append(t)
             o = attend(*(torch.cat(t) for t in zip(*qkv)), cos, sin, lens)   # attention over all rows
-            att = [layer.self_attn.o_proj.start(oc, slot=c) for c, oc in enumerate(o.tensor_split(2))]
+            att = [layer.self_attn.o_proj.start(oc, c, o_part) for c, oc in enumerate(o.tensor_split(2))]
             for c in (0, 1):   # four sums a layer, a slot each: every one is waited for before its slot comes round
                 xs[c], hidden = mlp_in(xs[c], *att[c].wait())
-                mlp[c] = layer.mlp.down_proj.start(hidden, slot=2 + c)
+                mlp[c] = layer.mlp.down_proj.start(hidden, 2 + c, down_part)
             if deepstack is not None and i < len(deepstack):   # DeepStack adds to whole rows: finish this layer first
                 h = inject(torch.cat([add_sum(x, m.wait()) for x, m in zip(xs, mlp)]), visual_mask, deepstack[i])
                 xs, mlp = list(h.tensor_split(2)), [None, None]

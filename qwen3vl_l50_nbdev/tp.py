@@ -118,10 +118,11 @@ class RowSum:
         y = total.to(dtype)
         return y if self.bias is None else y + self.bias
 
-    def start(self, x: torch.Tensor, slot: int = 0):
-        ("This rank's partial of `x`, its sum over the group started (`Group.sum_start`, exchange `slot`): the "
-         "output is `finish` of the sum of `.wait()`'s terms.")
-        return self.group.sum_start(self.partial(x), self.acc, slot)
+    def start(self, x: torch.Tensor, slot: int = 0, partial=None):
+        ("This rank's partial of `x` (by `partial`, default `self.partial`: fast mode passes it compiled), its sum "
+         "over the group started (`Group.sum_start`, exchange `slot`): the output is `finish` of the sum of "
+         "`.wait()`'s terms.")
+        return self.group.sum_start((partial or self.partial)(x), self.acc, slot)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.group.size == 1: return self.finish(self.partial(x), x.dtype)
