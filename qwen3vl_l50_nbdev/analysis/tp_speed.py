@@ -6,7 +6,7 @@
 __all__ = ['FP8_QUANTS', 'BASE', 'COMM_MODES', 'KEYS', 'KINDS', 'Variant', 'grid', 'rows_of', 'build_ours', 'weight_gib',
            'hf_tensors', 'hf_copy', 'dtensor_plan', 'parallelize_hf_', 'fp32_reference', 'timed', 'bench', 'sum_bench',
            'tp_table', 'comm_table', 'choice', 'tp_plot', 'findings', 'kernel_kind', 'layer_profile', 'profile_bench',
-           'profile_plot', 'main', 'layer_comm_bench']
+           'profile_plot', 'main', 'overlap_check', 'layer_comm_bench']
 
 # %% ../../nbs/analysis/05_tp_speed.ipynb #3d53b89b
 import argparse
@@ -465,6 +465,8 @@ def main(argv=None) -> int:
     p.add_argument("--out", default=None, help="CSV (default: nbs/analysis/data/tp_speed_<h200|cpu>.csv)")
     p.add_argument("--commit", default=None, help="git commit to record (default: git rev-parse, if git is there)")
     p.add_argument("--layer-comm", action="store_true", help="only layer_comm_bench (2 GPUs), to layer_comm_h200.csv")
+    p.add_argument("--overlap-check", action="store_true",
+                   help="only overlap_check (2 GPUs), to overlap_check_h200.csv")
     p.add_argument("--profile", action="store_true",
                    help="only profile_bench (fast mode, TP 1 and 2; lengths 128,2048,8192), to profile_h200.csv")
     a = p.parse_args(argv)
@@ -485,6 +487,15 @@ def main(argv=None) -> int:
                 pr.assign(**provenance(device, a.commit, cmd), layers=layers).to_csv(out, index=False,
                                                                                      float_format="%.6g")
                 print(f"wrote {out}\n{pr.pivot_table(index='kind', columns=['tokens', 'tp'], values='us_per_layer')}")
+            return 0
+        if a.overlap_check:
+            if world != 2 or device.type != "cuda": raise SystemExit("--overlap-check runs on 2 CUDA ranks with --full")
+            oc = overlap_check(cfg, encoder_group(2), device, seed=a.seed)
+            if dist.get_rank() == 0:
+                out = a.out or data_dir() / "overlap_check_h200.csv"
+                oc.assign(**provenance(device, a.commit, cmd), layers=layers).to_csv(out, index=False,
+                                                                                     float_format="%.6g")
+                print(f"wrote {out}\n{oc.to_string()}")
             return 0
         if a.layer_comm:
             if world != 2 or device.type != "cuda": raise SystemExit("--layer-comm runs on 2 CUDA ranks with --full")
@@ -515,6 +526,39 @@ def main(argv=None) -> int:
     finally:
         if dist.is_initialized(): dist.destroy_process_group()
     return 0
+
+# %% ../../nbs/analysis/05_tp_speed.ipynb #d466e8f6
+def overlap_check(cfg: EncoderConfig, group: Group, device, tokens: int = 2048, seed: int = 0) -> pd.DataFrame:
+    ("The overlapped schedule on a CUDA group of two, fast mode, bf16 and FP8: `encode` of a `tokens` prompt and the "
+     "text model with DeepStack and two packed prompts, each run twice (`repeat_same`), compared across the ranks "
+     "(`ranks_same`) and with `forward` on the same weights (`rel_l2_to_forward`). Call on both ranks.")
+    ck = lambda t: zlib.crc32(t.contiguous().view(torch.int16).cpu().numpy().tobytes())
+    def ranks_same(t):
+        c = [None] * group.size; dist.all_gather_object(c, ck(t), group=group.pg)
+        return len(set(c)) == 1
+    x, gen, H = text_case(cfg, tokens, seed), torch.Generator().manual_seed(seed), cfg.text.hidden_size
+    h = torch.randn(tokens, H, generator=gen).to(device, torch.bfloat16)   # the same on every rank: one seed
+    mask = torch.zeros(tokens, dtype=torch.bool, device=device); mask[tokens // 20:tokens // 5] = True
+    ds = [torch.randn(int(mask.sum()), H, generator=gen).to(device, torch.bfloat16) for _ in range(3)]
+    pos, lens = rope_index(x["input_ids"], cfg).to(device), [tokens * 3 // 4, tokens - tokens * 3 // 4]
+    rows = []
+    for quant in ("none", FP8_QUANTS[0]):
+        enc = build_ours(cfg, Variant("ours", 2, "fp32", quant, "fast"), group, device, seed)
+        if enc.text.overlap_from is None or tokens < enc.text.overlap_from:
+            raise RuntimeError(f"no overlapped schedule at {tokens} tokens here (overlap_from "
+                               f"{enc.text.overlap_from}): it needs 2 CUDA ranks with symmetric memory")
+        cases = {"encode": lambda e=enc: e.encode(**x),
+                 "DeepStack, 2 prompts": lambda e=enc: e.text(h, pos, mask, ds, lens)}
+        for name, call in cases.items():
+            with torch.inference_mode():
+                a, b = call(), call()
+                on, enc.text.overlap_from = enc.text.overlap_from, None; enc.runner.clear()
+                plain = call()
+                enc.text.overlap_from = on; enc.runner.clear()
+            rows.append(dict(quant=quant, case=name, tokens=tokens, repeat_same=torch.equal(a, b),
+                             ranks_same=ranks_same(a), rel_l2_to_forward=diff_row(a.cpu(), plain.cpu())["rel_l2"]))
+        del enc; free_memory(device)
+    return pd.DataFrame(rows)
 
 # %% ../../nbs/analysis/05_tp_speed.ipynb #27f9b2db
 def layer_comm_bench(group: Group, cfg: EncoderConfig, device, rows=(128, 2048, 8192), layers: int = 8
