@@ -4,8 +4,8 @@
 
 # %% auto #0
 __all__ = ['ONE_SHOT_BYTES', 'EXCHANGE_BYTES', 'EXCHANGE_SLOTS', 'SHARED_BYTES', 'Group', 'one_shot_sum', 'enable_one_shot',
-           'disable_one_shot', 'PendingSum', 'enable_exchange', 'shared_slots', 'shared_barrier', 'disable_exchange',
-           'encoder_group', 'init_world', 'RemoteTraceback', 'spawn']
+           'disable_one_shot', 'PendingSum', 'sum_terms', 'enable_exchange', 'shared_slots', 'shared_barrier',
+           'disable_exchange', 'encoder_group', 'init_world', 'RemoteTraceback', 'spawn']
 
 # %% ../nbs/01_dist.ipynb #5f1fad8f
 import os
@@ -144,6 +144,10 @@ class PendingSum:
         if self.work is not None: self.work.wait()
         if self.event is not None: torch.cuda.current_stream().wait_event(self.event)
         return self.terms
+
+def sum_terms(terms: tuple) -> torch.Tensor:
+    "The sum that `PendingSum.wait`'s terms stand for (one term: the sum itself)."
+    return terms[0] if len(terms) == 1 else terms[0] + terms[1]
 
 def _exchange_fits(group: str, x: torch.Tensor, dtype: torch.dtype) -> bool:
     "Does the sum of `x` in `dtype` over `group` fit its exchange slots?"

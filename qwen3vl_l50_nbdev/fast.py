@@ -13,7 +13,7 @@ from collections import OrderedDict
 import torch
 import torch.nn as nn
 from .tp import ColumnParallelLinear
-from .text import DecoderLayer
+from .text import DecoderLayer, hooked
 from .vision import Attention as VisionAttention, PatchEmbed, Block
 
 # %% ../nbs/08a_fast.ipynb #538e09b7
@@ -94,7 +94,7 @@ class _Hooks:
     def __init__(self, model: nn.Module): self.model, self.mods = model, None
     def __call__(self) -> bool:
         if self.mods is None: self.mods = list(self.model.modules())
-        return any(m._forward_hooks or m._forward_pre_hooks for m in self.mods)
+        return hooked(self.mods)
 
 class _Runner:
     "What the runners share: their graphs, whether to use them, and the hook check."

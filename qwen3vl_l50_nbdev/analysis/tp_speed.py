@@ -25,7 +25,7 @@ import torch.distributed as dist
 import pandas as pd
 from ..config import EncoderConfig, qwen3vl_32b, tiny
 from ..dist import Group, encoder_group, init_world, enable_one_shot, disable_one_shot, disable_exchange
-from ..dist import enable_exchange, _exchange_fits, shared_slots
+from ..dist import enable_exchange, _exchange_fits, shared_slots, sum_terms
 from ..tp import REDUCE_MODES, RowParallelLinear
 from ..text import TP_PLAN
 from ..encoder import Encoder, HostCopy
@@ -233,16 +233,14 @@ def sum_bench(group: Group, device, rows=(128, 256, 512, 1024, 2048, 4096, 8192)
                          one_shot_us=graph_us(lambda: group.all_reduce(x)), bitwise=same,
                          fp32_sum_same=torch.equal(ref, f32.to(dt)))
                 if xch and dt == torch.bfloat16 and _exchange_fits(group.name, x, dt):
-                    r["exchange_bits"] = torch.equal(_add(group.sum_start(x, slot=3).wait()), ref)   # then 0, 1, ...
-                    r["exchange_us"] = graph_us(lambda: [_add(group.sum_start(x, slot=s).wait()) for s in range(4)],
-                                                10) / 4
+                    summed = lambda s: sum_terms(group.sum_start(x, slot=s).wait())
+                    r["exchange_bits"] = torch.equal(summed(3), ref)   # slot 3 first, then 0, 1, ...
+                    r["exchange_us"] = graph_us(lambda: [summed(s) for s in range(4)], 10) / 4
                 if xch and dt == torch.bfloat16 and shared_slots(group.name, 0, x.nbytes):
                     r.update(_gemm_sums(group, n, hidden, k, device))
                 out.append(r)
     finally: enable_one_shot(group)   # back to the default buffers
     return pd.DataFrame(out)
-
-_add = lambda terms: terms[0] + terms[1]
 
 def _gemm_sums(group: Group, n: int, hidden: int, k: int, device) -> dict:
     "`sum_bench`'s GEMM columns: a row-parallel `[n, k] x [k, hidden]` alone, with the one-shot sum, shared."
@@ -447,6 +445,11 @@ def profile_plot(prof: pd.DataFrame):
     return fig
 
 # %% ../../nbs/analysis/05_tp_speed.ipynb #b498ee2a
+def _save(df: pd.DataFrame, out, meta: dict, shown):
+    "Rank 0's table to CSV `out` with the run's provenance `meta`; then the path, and `shown` (its summary)."
+    df.assign(**meta).to_csv(out, index=False, float_format="%.6g")
+    print(f"wrote {len(df)} rows to {out}\n{shown}")
+
 def main(argv=None) -> int:
     ("`torchrun --nproc_per_node 2 -m qwen3vl_l50_nbdev.analysis.tp_speed [--full]`: the benchmark on 1 or 2 ranks; "
      "rank 0 writes the CSV with provenance.")
@@ -483,27 +486,23 @@ def main(argv=None) -> int:
         if a.profile:
             pr = profile_bench(cfg, a.tokens or ((128, 2048, 8192) if a.full else (32, 100)), device, a.seed, a.reps)
             if pr is not None:
-                out = a.out or data_dir() / f"profile_{'h200' if a.full else 'cpu'}.csv"
-                pr.assign(**provenance(device, a.commit, cmd), layers=layers).to_csv(out, index=False,
-                                                                                     float_format="%.6g")
-                print(f"wrote {out}\n{pr.pivot_table(index='kind', columns=['tokens', 'tp'], values='us_per_layer')}")
+                _save(pr, a.out or data_dir() / f"profile_{'h200' if a.full else 'cpu'}.csv",
+                      provenance(device, a.commit, cmd) | dict(layers=layers),
+                      pr.pivot_table(index="kind", columns=["tokens", "tp"], values="us_per_layer"))
             return 0
         if a.overlap_check:
             if world != 2 or device.type != "cuda": raise SystemExit("--overlap-check runs on 2 CUDA ranks with --full")
             oc = overlap_check(cfg, encoder_group(2), device, seed=a.seed)
             if dist.get_rank() == 0:
-                out = a.out or data_dir() / "overlap_check_h200.csv"
-                oc.assign(**provenance(device, a.commit, cmd), layers=layers).to_csv(out, index=False,
-                                                                                     float_format="%.6g")
-                print(f"wrote {out}\n{oc.to_string()}")
+                _save(oc, a.out or data_dir() / "overlap_check_h200.csv",
+                      provenance(device, a.commit, cmd) | dict(layers=layers), oc.to_string())
             return 0
         if a.layer_comm:
             if world != 2 or device.type != "cuda": raise SystemExit("--layer-comm runs on 2 CUDA ranks with --full")
             lc = layer_comm_bench(encoder_group(2), qwen3vl_32b(layers), device)
             if dist.get_rank() == 0:
-                out = a.out or data_dir() / "layer_comm_h200.csv"
-                lc.assign(**provenance(device, a.commit, cmd)).to_csv(out, index=False, float_format="%.6g")
-                print(f"wrote {out}\n{lc.to_string()}")
+                _save(lc, a.out or data_dir() / "layer_comm_h200.csv", provenance(device, a.commit, cmd),
+                      lc.to_string())
             return 0
         df = bench(cfg, a.tokens or ((128, 512, 2048) if a.full else (32, 100)),
                    a.fp8_tokens or ((2048,) if a.full else (100,)), a.reps, device, a.seed, a.fp8_reduce,
@@ -514,15 +513,11 @@ def main(argv=None) -> int:
             out = a.out or data_dir() / f"tp_speed_{'h200' if a.full else 'cpu'}.csv"
             meta = provenance(device, a.commit, cmd) | dict(transformers=transformers.__version__, layers=layers,
                                                            config="qwen3vl_32b" if a.full else "tiny", world=world)
-            df.assign(**meta).to_csv(out, index=False, float_format="%.6g")
-            print(f"wrote {len(df)} rows to {out}")
-            print(tp_table(df).to_string(float_format=lambda v: f"{v:.3g}"))
+            _save(df, out, meta, tp_table(df).to_string(float_format=lambda v: f"{v:.3g}"))
         if world == 2 and device.type == "cuda":   # the sums alone, on both ranks
             sums = sum_bench(encoder_group(2), device)
             if dist.get_rank() == 0:
-                out = Path(out).with_name(Path(out).name.replace("tp_speed", "sums"))
-                sums.assign(**meta).to_csv(out, index=False, float_format="%.6g")
-                print(f"wrote {out}\n{sums.to_string()}")
+                _save(sums, Path(out).with_name(Path(out).name.replace("tp_speed", "sums")), meta, sums.to_string())
     finally:
         if dist.is_initialized(): dist.destroy_process_group()
     return 0
