@@ -3,7 +3,7 @@ SHELL := /bin/bash
 VENV ?= .venv
 ACT := source $(VENV)/bin/activate
 
-.PHONY: install demo test check-sync lint readme nbtest pytest docs clean
+.PHONY: install demo test check-sync lint readme nbtest stored pytest docs clean
 
 $(VENV)/.installed: setup.py settings.ini
 	python3 -m venv $(VENV)
@@ -36,6 +36,13 @@ lint: install   # ruff on the sources (the notebooks, not their exports), tests 
 nbtest: install
 	$(ACT) && nbdev_test --n_workers 2 --timing
 
+# the notebooks that check live CPU runs against stored CSVs, again under other kernel paths and one thread: what another
+# machine may change must pass (00b_report's check_run), wherever `make test` runs
+STORED_NBS := --path nbs/analysis --file_re '^(00b_report|01_tp_size|02_reduce_precision|03_fp8)\.ipynb$$'
+stored: install
+	@$(ACT) && for env in ATEN_CPU_CAPABILITY=avx2 ATEN_CPU_CAPABILITY=default OMP_NUM_THREADS=1; do \
+	  echo "stored numbers under $$env"; env $$env nbdev_test --n_workers 2 --timing $(STORED_NBS) || exit 1; done
+
 pytest: install   # -rs lists every skipped test with its reason; a skip is named again on the last line
 	@$(ACT) && { log=$$(mktemp); pytest -q -rs tests 2>&1 | tee $$log; rc=$${PIPESTATUS[0]}; \
 	  skipped=$$(tail -n 1 $$log | grep -o '[0-9]* skipped' | cut -d' ' -f1); rm -f $$log; \
@@ -45,7 +52,7 @@ pytest: install   # -rs lists every skipped test with its reason; a skip is name
 	  if [ -n "$$skipped" ]; then echo "make pytest: $$skipped test(s) SKIPPED, so this run is less than CI's:" \
 	    "install what the SKIPPED lines above name (bash .ci/run does it all, as CI)"; fi; exit $$rc; }
 
-test: check-sync lint nbtest docs pytest
+test: check-sync lint nbtest stored docs pytest
 
 clean:
 	rm -rf $(VENV) docs/_site docs/_build _proc
