@@ -4,13 +4,11 @@
 
 # %% auto #0
 __all__ = ['hf_model', 'copy_rotary_', 'build_pair', 'fp32_hf', 'Compiled', 'compiled_ours', 'mode_runners', 'decoder_flops',
-           'gemm_peak', 'hbm_bandwidth', 'floor_ms', 'text_case', 'cases', 'run', 'sync', 'wall_ms', 'first_call',
-           'free_memory', 'main', 'gemm_floor', 'gemm_table']
+           'gemm_peak', 'hbm_bandwidth', 'floor_ms', 'text_case', 'cases', 'run', 'main', 'gemm_floor', 'gemm_table']
 
 # %% ../../nbs/analysis/04_speed.ipynb #1ef5b510
 import argparse
 import contextlib
-import gc
 import statistics
 import sys
 import time
@@ -24,8 +22,8 @@ from ..metrics import diff_row
 from ..fp8 import quantize_model_
 from ..fast import set_fused_, TextRunner, VisionRunner, BUCKETS
 from ..testing import synthetic_inputs, hf_forward
-from .bench import cuda_ms, graph_us
-from .report import provenance, data_dir, span
+from .timing import wall_ms, first_call, free_memory, cuda_ms, graph_us
+from .report import provenance, data_dir, span, write_csv
 
 # %% ../../nbs/analysis/04_speed.ipynb #a99404fc
 def hf_model(cfg, device, dtype=torch.bfloat16) -> torch.nn.Module:
@@ -239,27 +237,6 @@ def run(cfg: EncoderConfig, full: bool, device, reps: int = 5, variants=("hf_eag
     df["err_x_hf"] = df["rel_l2_to_fp32"] / df["case"].map(hf_err)   # the error over HF eager bf16's own
     return df.assign(gemm_peak_tflops=peak, hbm_gbps=bw, fast_bucket_warmup_s=warm_buckets)
 
-def sync(cuda):
-    if cuda: torch.cuda.synchronize()
-
-def wall_ms(call, cuda: bool) -> tuple:
-    "`call()` between two syncs: its output and its wall milliseconds."
-    sync(cuda); t = time.perf_counter(); out = call(); sync(cuda)
-    return out, 1e3 * (time.perf_counter() - t)
-
-def first_call(call, device) -> tuple:
-    ("The first `call()` (compilation, graph capture): its output, its seconds, and the GiB it peaked at above what "
-     "was allocated before (NaN off CUDA).")
-    cuda = torch.device(device).type == "cuda"
-    if cuda: sync(cuda); torch.cuda.reset_peak_memory_stats(device); base = torch.cuda.memory_allocated(device)
-    out, ms = wall_ms(call, cuda)
-    return out, ms / 1e3, (torch.cuda.max_memory_allocated(device) - base) / 2**30 if cuda else float("nan")
-
-def free_memory(device):
-    "Let a dropped model go: compiled code (which holds its modules) forgotten, garbage collected, CUDA cache emptied."
-    torch._dynamo.reset(); gc.collect()
-    if torch.device(device).type == "cuda": torch.cuda.empty_cache()
-
 # %% ../../nbs/analysis/04_speed.ipynb #a9ba5e88
 def main(argv=None) -> int:
     "`python -m qwen3vl_l50_nbdev.analysis.speed [--full]`: the benchmark; writes its CSV with provenance."
@@ -279,8 +256,8 @@ def main(argv=None) -> int:
     if a.gemms:
         out = a.out or data_dir() / "gemm_floor_h200.csv"
         g = gemm_floor(qwen3vl_32b(a.layers), device=dev)
-        g.assign(**provenance(dev, a.commit, cmd), layers=a.layers).to_csv(out, index=False, float_format="%.6g")
-        print(f"wrote {out}\n{gemm_table(g, a.layers).to_string(float_format=lambda v: f'{v:.1f}')}")
+        write_csv(g, out, provenance(dev, a.commit, cmd) | dict(layers=a.layers),
+                  shown=gemm_table(g, a.layers).to_string(float_format=lambda v: f'{v:.1f}'))
         return 0
     cfg = qwen3vl_32b(a.layers) if a.full else tiny(3)
     variants = ("hf_eager", "hf_compiled", "exact", "fast") if dev.type == "cuda" else ("hf_eager", "exact", "fast")
@@ -288,11 +265,9 @@ def main(argv=None) -> int:
     df = run(cfg, a.full, dev, a.reps, variants, a.fp8, log=lambda m: print(m, flush=True))
     import transformers
     meta = provenance(dev, a.commit, cmd) | dict(transformers=transformers.__version__, layers=cfg.selected_layer)
-    df.assign(**meta).to_csv(out, index=False, float_format="%.6g")
-    print(f"wrote {out}")
     cols = ["case", "tokens", "variant", "ms", "x_hf_eager", "x_hf_compiled", "x_fast", "mfu", "x_floor",
             "first_call_s", "peak_act_gib", "bitwise_to_hf", "rel_l2_to_fp32", "err_x_hf", "batch_ratio", "floor_ratio"]
-    print(df[[c for c in cols if c in df]].to_string(float_format=lambda v: f"{v:.3g}"))
+    write_csv(df, out, meta, shown=df[[c for c in cols if c in df]].to_string(float_format=lambda v: f"{v:.3g}"))
     return 0
 
 # %% ../../nbs/analysis/04_speed.ipynb #f9cfd23e

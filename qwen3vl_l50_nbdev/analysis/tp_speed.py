@@ -15,7 +15,6 @@ import os
 import statistics
 import sys
 import time
-import zlib
 from pathlib import Path
 from typing import NamedTuple
 import torch
@@ -32,13 +31,14 @@ from ..encoder import Encoder, HostCopy
 from ..fast import MODES, compile_layers_, no_graphs
 from ..fp8 import GRANULARITIES, quantize_model_
 from ..loading import checkpoint_tensors, checkpoint_name
-from ..metrics import diff_row
+from ..metrics import diff_row, checksum
 from ..rope import rope_index
 from ..testing import hf_forward
 from .weights import random_weights_
-from .bench import decoder_states, graph_us
-from .speed import text_case, hf_model, copy_rotary_, wall_ms, first_call, free_memory
-from .report import provenance, data_dir
+from .bench import decoder_states
+from .timing import wall_ms, first_call, free_memory, graph_us
+from .speed import text_case, hf_model, copy_rotary_
+from .report import provenance, data_dir, write_csv
 
 # %% ../../nbs/analysis/05_tp_speed.ipynb #482ef509
 class Variant(NamedTuple):
@@ -151,10 +151,6 @@ def timed(call, reps: int, device) -> tuple[torch.Tensor, dict]:
         out, t = wall_ms(call, torch.device(device).type == "cuda"); ms.append(t)
     return out, dict(ms=statistics.median(ms), ms_min=min(ms), first_call_s=first, peak_act_gib=peak)
 
-def _bits(t: torch.Tensor) -> int:
-    "A checksum of `t`'s bits: rows with equal checksums have equal outputs."
-    return zlib.crc32(t.contiguous().view(torch.int16 if t.element_size() == 2 else torch.int32).numpy().tobytes())
-
 # %% ../../nbs/analysis/05_tp_speed.ipynb #fa07b7e7
 def bench(cfg: EncoderConfig, tokens=(128, 512, 2048), fp8_tokens=(2048,), reps: int = 5, device="cuda",
           seed: int = 0, fp8_reduce: str = "fp32", log=print, fast_tokens=()) -> pd.DataFrame | None:
@@ -177,7 +173,7 @@ def bench(cfg: EncoderConfig, tokens=(128, 512, 2048), fp8_tokens=(2048,), reps:
                 e = diff_row(out, refs[n]) if refs[n] is not None else dict.fromkeys(("max_abs", "rel_l2", "cosine"),
                                                                                       float("nan"))
                 rows.append(v._asdict() | dict(tokens=n, weight_gib=weight_gib(model), **r, max_abs=e["max_abs"],
-                                               rel_l2=e["rel_l2"], cosine=e["cosine"], bits=_bits(out),
+                                               rel_l2=e["rel_l2"], cosine=e["cosine"], bits=checksum(out),
                                                rel_l2_to_hf=diff_row(out, hf_out[n])["rel_l2"] if n in hf_out
                                                else float("nan")))
         say(f"{v}: done")
@@ -445,11 +441,6 @@ def profile_plot(prof: pd.DataFrame):
     return fig
 
 # %% ../../nbs/analysis/05_tp_speed.ipynb #b498ee2a
-def _save(df: pd.DataFrame, out, meta: dict, shown):
-    "Rank 0's table to CSV `out` with the run's provenance `meta`; then the path, and `shown` (its summary)."
-    df.assign(**meta).to_csv(out, index=False, float_format="%.6g")
-    print(f"wrote {len(df)} rows to {out}\n{shown}")
-
 def main(argv=None) -> int:
     ("`torchrun --nproc_per_node 2 -m qwen3vl_l50_nbdev.analysis.tp_speed [--full]`: the benchmark on 1 or 2 ranks; "
      "rank 0 writes the CSV with provenance.")
@@ -486,23 +477,23 @@ def main(argv=None) -> int:
         if a.profile:
             pr = profile_bench(cfg, a.tokens or ((128, 2048, 8192) if a.full else (32, 100)), device, a.seed, a.reps)
             if pr is not None:
-                _save(pr, a.out or data_dir() / f"profile_{'h200' if a.full else 'cpu'}.csv",
-                      provenance(device, a.commit, cmd) | dict(layers=layers),
-                      pr.pivot_table(index="kind", columns=["tokens", "tp"], values="us_per_layer"))
+                write_csv(pr, a.out or data_dir() / f"profile_{'h200' if a.full else 'cpu'}.csv",
+                          provenance(device, a.commit, cmd) | dict(layers=layers),
+                          shown=pr.pivot_table(index="kind", columns=["tokens", "tp"], values="us_per_layer"))
             return 0
         if a.overlap_check:
             if world != 2 or device.type != "cuda": raise SystemExit("--overlap-check runs on 2 CUDA ranks with --full")
             oc = overlap_check(cfg, encoder_group(2), device, seed=a.seed)
             if dist.get_rank() == 0:
-                _save(oc, a.out or data_dir() / "overlap_check_h200.csv",
-                      provenance(device, a.commit, cmd) | dict(layers=layers), oc.to_string())
+                write_csv(oc, a.out or data_dir() / "overlap_check_h200.csv",
+                          provenance(device, a.commit, cmd) | dict(layers=layers), shown=oc.to_string())
             return 0
         if a.layer_comm:
             if world != 2 or device.type != "cuda": raise SystemExit("--layer-comm runs on 2 CUDA ranks with --full")
             lc = layer_comm_bench(encoder_group(2), qwen3vl_32b(layers), device)
             if dist.get_rank() == 0:
-                _save(lc, a.out or data_dir() / "layer_comm_h200.csv", provenance(device, a.commit, cmd),
-                      lc.to_string())
+                write_csv(lc, a.out or data_dir() / "layer_comm_h200.csv", provenance(device, a.commit, cmd),
+                          shown=lc.to_string())
             return 0
         df = bench(cfg, a.tokens or ((128, 512, 2048) if a.full else (32, 100)),
                    a.fp8_tokens or ((2048,) if a.full else (100,)), a.reps, device, a.seed, a.fp8_reduce,
@@ -513,11 +504,12 @@ def main(argv=None) -> int:
             out = a.out or data_dir() / f"tp_speed_{'h200' if a.full else 'cpu'}.csv"
             meta = provenance(device, a.commit, cmd) | dict(transformers=transformers.__version__, layers=layers,
                                                            config="qwen3vl_32b" if a.full else "tiny", world=world)
-            _save(df, out, meta, tp_table(df).to_string(float_format=lambda v: f"{v:.3g}"))
+            write_csv(df, out, meta, shown=tp_table(df).to_string(float_format=lambda v: f"{v:.3g}"))
         if world == 2 and device.type == "cuda":   # the sums alone, on both ranks
             sums = sum_bench(encoder_group(2), device)
             if dist.get_rank() == 0:
-                _save(sums, Path(out).with_name(Path(out).name.replace("tp_speed", "sums")), meta, sums.to_string())
+                write_csv(sums, Path(out).with_name(Path(out).name.replace("tp_speed", "sums")), meta,
+                          shown=sums.to_string())
     finally:
         if dist.is_initialized(): dist.destroy_process_group()
     return 0
@@ -527,9 +519,8 @@ def overlap_check(cfg: EncoderConfig, group: Group, device, tokens: int = 2048, 
     ("The overlapped schedule on a CUDA group of two, fast mode, bf16 and FP8: `encode` of a `tokens` prompt and the "
      "text model with DeepStack and two packed prompts, each run twice (`repeat_same`), compared across the ranks "
      "(`ranks_same`) and with `forward` on the same weights (`rel_l2_to_forward`). Call on both ranks.")
-    ck = lambda t: zlib.crc32(t.contiguous().view(torch.int16).cpu().numpy().tobytes())
     def ranks_same(t):
-        c = [None] * group.size; dist.all_gather_object(c, ck(t), group=group.pg)
+        c = [None] * group.size; dist.all_gather_object(c, checksum(t), group=group.pg)
         return len(set(c)) == 1
     x, gen, H = text_case(cfg, tokens, seed), torch.Generator().manual_seed(seed), cfg.text.hidden_size
     h = torch.randn(tokens, H, generator=gen).to(device, torch.bfloat16)   # the same on every rank: one seed
