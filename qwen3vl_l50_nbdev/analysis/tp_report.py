@@ -78,7 +78,8 @@ def tp_plot(df: pd.DataFrame, tokens=None):
             ax.set_xscale("log"); ax.set_yscale("log"); ax.grid(alpha=0.3, which="both")
             for axis in (ax.xaxis, ax.yaxis):   # 10, 20, 50, 100: plain numbers, not powers of ten
                 axis.set_major_locator(LogLocator(subs=(1, 2, 5)))
-                axis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}")); axis.set_minor_formatter(NullFormatter())
+                axis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+                axis.set_minor_formatter(NullFormatter())
             ax.set_title(f"{n} tokens"); ax.set_xlabel("ms per encode (log scale)")
         axes[0][0].set_ylabel("rel L2 error vs fp32 (log scale)")
         fig.legend(handles=handles, loc="lower center", ncol=3, frameon=False)
