@@ -140,7 +140,7 @@ def error_table(df: pd.DataFrame, kind: str = "accumulated", ref: str = "float32
 def growth_plot(df: pd.DataFrame, kind: str = "accumulated", metric: str = "rel_l2", ref: str = "float32",
                 title: str = "", logy: bool | None = None):
     """`metric` per layer: a line per variant (tp, reduce, quant), TP-1 bf16 dashed, a panel per (massive, prompt), one
-    legend under the panels. 720 px wide at dpi 50 (a docs column; the notebooks store 2x PNGs), text 9 px or more."""
+    legend under the panels. 10 in wide at 100 dpi (the notebooks store 2x PNGs), text 9.5 pt or more."""
     import matplotlib.pyplot as plt
     from matplotlib.ticker import MaxNLocator
     d = _pick(df, kind, ref)
@@ -149,10 +149,10 @@ def growth_plot(df: pd.DataFrame, kind: str = "accumulated", metric: str = "rel_
     keys = [k for k in ("file", "tp", "reduce", "quant") if k in d and d[k].nunique() > 1] or ["tp"]
     nlab = d.groupby(keys).ngroups
     ncol = min(nlab, 4); lrows = -(-nlab // ncol)
-    height = 3.2 * len(rows) + 0.7 + 0.32 * lrows          # panels, the title, the legend's rows
-    with plt.rc_context({"font.size": 13, "axes.titlesize": 13, "legend.fontsize": 13}):
-        fig, axes = plt.subplots(len(rows), len(cols), figsize=(14.4, height), sharex=True, sharey=True,
-                                 squeeze=False, dpi=50)
+    height = 2.6 * len(rows) + 0.6 + 0.22 * lrows          # panels, the title, the legend's rows
+    with plt.rc_context({"font.size": 10, "axes.titlesize": 10, "legend.fontsize": 9.5}):
+        fig, axes = plt.subplots(len(rows), len(cols), figsize=(10, height), sharex=True, sharey=True,
+                                 squeeze=False, dpi=100)
         for i, m in enumerate(rows):
             for j, p in enumerate(cols):
                 ax = axes[i][j]
@@ -163,14 +163,14 @@ def growth_plot(df: pd.DataFrame, kind: str = "accumulated", metric: str = "rel_
                             marker="." if d["layer"].nunique() <= 16 else None, ms=4)   # 50 dots: a thick line
                 ax.grid(alpha=0.3, which="both"); ax.xaxis.set_major_locator(MaxNLocator(integer=True))
                 ax.set_title(f"{p}, {'with' if m else 'no'} massive act.")
-                if j == 0: ax.set_ylabel(f"{kind} {metric}")
+                if j == 0: ax.set_ylabel(f"{kind} {metric.replace('_', ' ')}")
                 if i == len(rows) - 1: ax.set_xlabel("decoder layer")
         if logy if logy is not None else d[metric].max() > 30 * d[metric].min(): axes[0][0].set_yscale("log")
         else: axes[0][0].set_ylim(bottom=0)
         handles, labels = axes[0][-1].get_legend_handles_labels()
         fig.legend(handles, labels, loc="lower center", ncol=ncol, frameon=False, handlelength=2.5)
-        fig.suptitle(title or f"{kind} {metric} of the bf16 encoder vs the {ref} reference", fontsize=15)
-        fig.tight_layout(rect=(0, (0.1 + 0.32 * lrows) / height, 1, 1))
+        fig.suptitle(title or f"{kind} {metric} of the bf16 encoder vs the {ref} reference", fontsize=12)
+        fig.tight_layout(rect=(0, (0.08 + 0.22 * lrows) / height, 1, 1))
     return fig
 
 # %% ../../nbs/analysis/00b_report.ipynb #e3d9a182
