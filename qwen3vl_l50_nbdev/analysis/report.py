@@ -4,8 +4,8 @@
 
 # %% auto #0
 __all__ = ['PROVENANCE', 'SWEEP_COLUMNS', 'WRITE_ENV', 'SAME_RTOL', 'TOLERANCES', 'FLOOR', 'SAMPLES', 'machine_fingerprint',
-           'git_commit', 'provenance', 'data_dir', 'load_runs', 'Tol', 'check_run', 'keep_run', 'x_bf16', 'error_table',
-           'growth_plot', 'span', 'sci']
+           'git_commit', 'provenance', 'write_csv', 'data_dir', 'load_runs', 'Tol', 'check_run', 'keep_run', 'x_bf16',
+           'error_table', 'growth_plot', 'span', 'sci']
 
 # %% ../../nbs/analysis/00b_report.ipynb #a8430c29
 import datetime
@@ -64,6 +64,15 @@ def provenance(device="cpu", commit: str | None = None, command: str | None = No
     return dict(device=name, date=datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
                 commit=commit or git_commit(), torch=torch.__version__, command=command,
                 **(dict(machine=machine_fingerprint()) if dev.type == "cpu" else {}))
+
+# %% ../../nbs/analysis/00b_report.ipynb #eeaff07a
+def write_csv(df: pd.DataFrame, out, meta: dict, float_format: str = "%.6g", shown=None) -> Path:
+    "`df` with the provenance `meta` on every row as CSV `out` (its folder made); prints the path, then `shown`."
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    df.assign(**meta).to_csv(out, index=False, float_format=float_format)
+    print(f"wrote {len(df)} rows to {out}" + ("" if shown is None else f"\n{shown}"))
+    return out
 
 # %% ../../nbs/analysis/00b_report.ipynb #ba8438b4
 def data_dir(start=None) -> Path:
@@ -170,9 +179,7 @@ def keep_run(df: pd.DataFrame, name: str, meta: dict, path=None, exact: bool | N
      "bits where the stored `machine` is this one); `QWEN3VL_L50_WRITE_DATA=1`: write `df` + `meta` instead.")
     f = Path(path or data_dir()) / name
     if os.environ.get(WRITE_ENV, "") not in ("", "0"):
-        f.parent.mkdir(parents=True, exist_ok=True)
-        df.assign(**meta).to_csv(f, index=False, float_format="%.9g")
-        print(f"wrote {len(df)} rows to {f.name} ({WRITE_ENV} is set)")
+        write_csv(df, f, meta, "%.9g", f"({WRITE_ENV} is set)")
         return pd.read_csv(f)
     if not f.exists(): raise FileNotFoundError(f"{f} is not there: run with {WRITE_ENV}=1 to write it")
     stored = pd.read_csv(f)
@@ -215,7 +222,7 @@ def error_table(df: pd.DataFrame, kind: str = "accumulated", ref: str = "float32
 def growth_plot(df: pd.DataFrame, kind: str = "accumulated", metric: str = "rel_l2", ref: str = "float32",
                 title: str = "", logy: bool | None = None):
     """`metric` per layer: a line per variant (tp, reduce, quant), TP-1 bf16 dashed, a panel per (massive, prompt), one
-    legend under the panels. 720 px wide at dpi 50 (a docs column; the notebooks store 2x PNGs), text 9 px or more."""
+    legend under the panels. 10 in wide at 100 dpi (the notebooks store 2x PNGs), text 9.5 pt or more."""
     import matplotlib.pyplot as plt
     from matplotlib.ticker import MaxNLocator
     d = _pick(df, kind, ref)
@@ -224,10 +231,10 @@ def growth_plot(df: pd.DataFrame, kind: str = "accumulated", metric: str = "rel_
     keys = [k for k in ("file", "tp", "reduce", "quant") if k in d and d[k].nunique() > 1] or ["tp"]
     nlab = d.groupby(keys).ngroups
     ncol = min(nlab, 4); lrows = -(-nlab // ncol)
-    height = 3.2 * len(rows) + 0.7 + 0.32 * lrows          # panels, the title, the legend's rows
-    with plt.rc_context({"font.size": 13, "axes.titlesize": 13, "legend.fontsize": 13}):
-        fig, axes = plt.subplots(len(rows), len(cols), figsize=(14.4, height), sharex=True, sharey=True,
-                                 squeeze=False, dpi=50)
+    height = 2.6 * len(rows) + 0.6 + 0.22 * lrows          # panels, the title, the legend's rows
+    with plt.rc_context({"font.size": 10, "axes.titlesize": 10, "legend.fontsize": 9.5}):
+        fig, axes = plt.subplots(len(rows), len(cols), figsize=(10, height), sharex=True, sharey=True,
+                                 squeeze=False, dpi=100)
         for i, m in enumerate(rows):
             for j, p in enumerate(cols):
                 ax = axes[i][j]
@@ -238,14 +245,14 @@ def growth_plot(df: pd.DataFrame, kind: str = "accumulated", metric: str = "rel_
                             marker="." if d["layer"].nunique() <= 16 else None, ms=4)   # 50 dots: a thick line
                 ax.grid(alpha=0.3, which="both"); ax.xaxis.set_major_locator(MaxNLocator(integer=True))
                 ax.set_title(f"{p}, {'with' if m else 'no'} massive act.")
-                if j == 0: ax.set_ylabel(f"{kind} {metric}")
+                if j == 0: ax.set_ylabel(f"{kind} {metric.replace('_', ' ')}")
                 if i == len(rows) - 1: ax.set_xlabel("decoder layer")
         if logy if logy is not None else d[metric].max() > 30 * d[metric].min(): axes[0][0].set_yscale("log")
         else: axes[0][0].set_ylim(bottom=0)
         handles, labels = axes[0][-1].get_legend_handles_labels()
         fig.legend(handles, labels, loc="lower center", ncol=ncol, frameon=False, handlelength=2.5)
-        fig.suptitle(title or f"{kind} {metric} of the bf16 encoder vs the {ref} reference", fontsize=15)
-        fig.tight_layout(rect=(0, (0.1 + 0.32 * lrows) / height, 1, 1))
+        fig.suptitle(title or f"{kind} {metric} of the bf16 encoder vs the {ref} reference", fontsize=12)
+        fig.tight_layout(rect=(0, (0.08 + 0.22 * lrows) / height, 1, 1))
     return fig
 
 # %% ../../nbs/analysis/00b_report.ipynb #e3d9a182
