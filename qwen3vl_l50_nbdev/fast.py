@@ -194,6 +194,7 @@ class FastConfig:
     exchange_bytes: int = EXCHANGE_BYTES      # CUDA, TP 2: exchange slots of this size, and the windows (0: neither)
     overlap_from: int | None = OVERLAP_FROM   # rows from which the overlapped schedule runs, where there is an exchange
 
+# %% ../nbs/08a_fast.ipynb #14867c76
 def _sum_dtypes(enc) -> tuple:
     "The dtypes `enc`'s sums travel in: the embedding's (the model dtype), and the row-parallel ones' (`tp.REDUCES`)."
     return tuple(sorted({enc.dtype, REDUCES[enc.reduce].sum_dtype(enc.dtype, enc.group.size)}, key=str))
@@ -217,6 +218,7 @@ def attach_sums_(text: nn.Module, sums: SymmetricSums | None) -> nn.Module:
             if isinstance(row, RowParallelLinear): row.window = None if sums is None else w
     return text
 
+# %% ../nbs/08a_fast.ipynb #f1abd19a
 def compile_(model: nn.Module) -> tuple:
     ("Step 3, on CUDA: every decoder layer and vision block of `model` through `torch.compile`; the overlapped "
      "schedule's stages compiled, for the runner to keep. On the CPU nothing: `STAGES` as they are.")
@@ -226,6 +228,7 @@ def compile_(model: nn.Module) -> tuple:
         if isinstance(m, Block): m.compile(dynamic=False)   # dynamic shapes: inductor fails on batched attention
     return tuple(torch.compile(f) for f in STAGES)          # FP8's partials: quantization fused
 
+# %% ../nbs/08a_fast.ipynb #0d1b38a7
 def runners(enc, cfg: FastConfig | None, stages: tuple = STAGES) -> tuple:
     "Step 4: the decoder's and the vision tower's runners for `cfg` (None: exact mode's)."
     if cfg is None: return TextRunner(enc.text), VisionRunner(enc.vision)
