@@ -43,7 +43,7 @@ STAGES = (attn_in, attend, attn_partial, mlp_in, mlp_partial)   # in order; fast
 # %% ../nbs/08b_overlap.ipynb #7797131f
 def _start(row, x: torch.Tensor, slot: int):
     "The sum over the group of `x`, a partial of the row-parallel layer `row`, started through `row.sums` or its group."
-    return (row.sums or row.group).sum_start(x, row.acc, slot)
+    return (row.group if row.sums is None else row.sums).sum_start(x, row.acc, slot)
 
 def overlapped(text, h: torch.Tensor, positions: torch.Tensor, visual_mask=None, deepstack: list | None = None,
                lens: list[int] | None = None, stages: tuple = STAGES) -> torch.Tensor:

@@ -50,7 +50,7 @@ class VocabParallelEmbedding(nn.Module):
         local = ids - self.start
         outside = (local < 0) | (local >= self.per_rank)
         out = F.embedding(local.masked_fill(outside, 0), self.weight).masked_fill(outside[..., None], 0)
-        return (self.sums or self.group).all_reduce(out)
+        return (self.group if self.sums is None else self.sums).all_reduce(out)
 
     def load(self, full_weight: torch.Tensor, split: None = None):
         "Copy this rank's rows from the full (unsharded, unpadded) table; the padding rows are zeros."
@@ -152,7 +152,8 @@ class RowSum:
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.group.size == 1: return self.finish(self.partial(x), x.dtype)
-        return self.finish((self.sums or self.group).all_reduce(self.partial(x), self.acc), x.dtype)
+        comm = self.group if self.sums is None else self.sums   # `is None`: no truth test of an object under dynamo
+        return self.finish(comm.all_reduce(self.partial(x), self.acc), x.dtype)
 
 class RowParallelLinear(RowSum, nn.Module):
     "A linear whose input features are sharded over the group; partial outputs all-reduced per `reduce`."
