@@ -216,8 +216,9 @@ def run(cfg: EncoderConfig, full: bool, device, reps: int = 5, variants=("hf_eag
     if fp8:                       # HF freed (its compiled code too), our decoder in FP8, the graphs captured anew
         hf = None
         free_memory(device)
-        for e in encs.values():   # each mode's decoder in FP8, and new runners: the bf16 graphs go with the old ones
-            quantize_model_(e.text); apply_fast(e, e.fast)
+        for e in encs.values(): quantize_model_(e.text)
+        encs["fast"].load_state_dict(enc.state_dict(), assign=True)   # one FP8 copy: both modes hold enc's tensors
+        for e in encs.values(): apply_fast(e, e.fast)   # new runners: the bf16 graphs go with the old ones
         gib = torch.cuda.memory_allocated(device) / 2**30 if cuda else 0
         log(f"[{time.time() - t0:6.1f} s] FP8 decoder, {gib:.1f} GiB in all")
         timed({k: x for k, x in todo.items() if k.startswith("text")}, ("fp8_exact", "fp8_fast"), hf_out)
