@@ -11,8 +11,8 @@ from typing import Iterable
 import torch
 import torch.nn as nn
 from .config import EncoderConfig
-from .dist import Group, encoder_group, enable_one_shot, enable_exchange
-from .tp import REDUCE_MODES
+from .dist import Group, encoder_group
+from .tp import check_reduce
 from .vision import VisionModel, check_pixels
 from .text import TextModel
 from .rope import rope_index, mm_token_types
@@ -20,8 +20,7 @@ from .deepstack import placeholder_masks, scatter_visual, merge_deepstack
 from .loading import load_checkpoint, load_weights, checkpoint_tensors, _missing_message
 from .loading import checkpoint_name
 from .fp8 import quantize_model_, check_fp8_modes
-from .fast import check_mode, set_fused_, compile_layers_, TextRunner, VisionRunner, no_graphs
-from .fast import OVERLAP_FROM
+from .fast import check_mode, no_graphs, FastConfig, apply_fast
 from .offload import check_offload, CpuOffload, LayerwiseOffload
 
 # %% ../nbs/08_encoder.ipynb #49b5d5c5
@@ -181,31 +180,30 @@ class Encoder(nn.Module):
     "The Qwen3-VL layer-N encoder: replicated vision tower, tensor-parallel text decoder cut at `cfg.selected_layer`."
     is_loaded = True   # this rank holds weights (a `NotMember` holds none)
     def __init__(self, cfg: EncoderConfig, group: Group | None = None, reduce: str = "fp32",
-                 dtype=torch.bfloat16, device=None, mode: str = "exact"):
+                 dtype=torch.bfloat16, device=None, mode: str = "exact", fast: FastConfig | None = None):
         super().__init__()
-        if reduce not in REDUCE_MODES: raise ValueError(f"reduce={reduce!r}: choose one of {REDUCE_MODES}")
         self.cfg, self.group, self.dtype, self.mode = cfg, group or Group.local(), dtype, check_mode(mode)
+        self.reduce = check_reduce(reduce)
         self.device = torch.device(device or "cpu")
         self.cfg.validate(self.group.size)
         self.vision = VisionModel(cfg.vision, dtype, self.device)
         self.text = TextModel(cfg.text, cfg.selected_layer, self.group, reduce, dtype, self.device)
-        if mode == "fast":   # fused GEMMs, batched vision attention; sums through symmetric memory on CUDA
-            set_fused_(self)
-            if self.device.type == "cuda":
-                enable_one_shot(self.group)
-                if enable_exchange(self.group): self.text.overlap_from = OVERLAP_FROM   # TP 2: sums in flight
-        self.runner = TextRunner(self.text, padded=mode == "fast")   # CUDA graphs of the decoder (eager on the CPU)
-        self.vision_runner = VisionRunner(self.vision)                # and of the vision blocks
         self.offloader, self._ring = None, 2   # `offload.CpuOffload` or `.LayerwiseOffload` (`set_offload`)
         self.to_host = HostCopy()              # results to the CPU through its pinned buffer
+        # what `fast.apply_fast` sets: its config (None: exact mode), the symmetric-memory sums it made (CUDA, TP > 1),
+        # whether it compiled the layers, and the runners (CUDA graphs of the decoder and the vision blocks)
+        self.fast, self.sums, self.compiled = None, None, False
+        apply_fast(self, (fast or FastConfig()) if mode == "fast" else None)
 
     @classmethod
     def from_pretrained(cls, path, selected_layer: int = 50, dtype=torch.bfloat16, device=None,
                         group: Group | None = None, reduce: str = "fp32", quant: str | None = None,
                         fp8_granularity: str = "channel", fp8_act: str = "token", progress: bool | None = None,
-                        mode: str = "exact", offload: str | None = None, ring: int = 2):
+                        mode: str = "exact", offload: str | None = None, ring: int = 2,
+                        fast: FastConfig | None = None):
         ("Load an HF-format Qwen3-VL checkpoint directory onto the encoder group (default: every rank of the world); "
-         "`offload`: None, 'cpu' or 'layerwise' (`ring` device buffers).")
+         "`offload`: None, 'cpu' or 'layerwise' (`ring` device buffers); `fast`: fast mode's config (default "
+         "`FastConfig()`).")
         if quant not in (None, "fp8"): raise ValueError(f"quant={quant!r}: choose None or 'fp8'")
         if quant: check_fp8_modes(fp8_granularity, fp8_act)
         _check_placement(offload, mode)
@@ -214,12 +212,11 @@ class Encoder(nn.Module):
         if not group.is_member: return NotMember(group, cfg)
         if device is None:
             device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else "cpu"
-        enc = cls(cfg, group, reduce, dtype, "cpu" if offload else device, mode)   # offloaded: loaded into host memory
+        enc = cls(cfg, group, reduce, dtype, "cpu" if offload else device, mode, fast)   # offloaded: into host memory
         enc.load_stats = load_checkpoint(enc, path, progress=group.rank == 0 if progress is None else progress)
         # online FP8: the decoder projections only
         if quant == "fp8": quantize_model_(enc.text, fp8_granularity, fp8_act)
         if offload: enc.device = torch.device(device); enc.set_offload(offload, ring)
-        elif mode == "fast": compile_layers_(enc)   # after FP8: the compiled layers are the ones that run
         return enc
 
     @property
@@ -269,6 +266,8 @@ class Encoder(nn.Module):
         "Forget the captured CUDA graphs: they hold the addresses of weights that moved."
         self.runner.clear(); self.vision_runner.clear()
 
+    # `.to`, `.cuda`, `.float`, `.half`, ... all go through `nn.Module._apply`, and no public hook runs after a move:
+    # overriding it is the one place that sees every move (a public post-move hook on nn.Module would replace this).
     def _apply(self, fn, recurse=True):
         "`.to`, `.cuda`, `.float`, ... as `nn.Module`'s, keeping `device` and `dtype`; offloaded: only `device` moves."
         if self.offloader is None:

@@ -39,7 +39,7 @@ class Packed:
 
     def tensors(self) -> list[torch.Tensor]:
         "The tensors the module holds now."
-        return [(m._parameters if p else m._buffers)[leaf] for m, leaf, p, *_ in self.entries]
+        return [getattr(m, leaf) for m, leaf, *_ in self.entries]
 
     def views(self, buf: torch.Tensor) -> list[torch.Tensor]:
         "The module's tensors as views into `buf` (a flat byte buffer of at least `nbytes`, on any device)."
@@ -49,8 +49,8 @@ class Packed:
     def bind(self, views: list[torch.Tensor]):
         "Make the module's parameters and buffers `views` (from `views`); the Parameter objects stay the same."
         for (m, leaf, is_param, *_), v in zip(self.entries, views):
-            if is_param: m._parameters[leaf].data = v
-            else: m._buffers[leaf] = v
+            if is_param: getattr(m, leaf).data = v
+            else: setattr(m, leaf, v)   # a registered buffer's name: `nn.Module.__setattr__` rebinds the buffer
 
 # %% ../nbs/10_offload.ipynb #0fa36567
 class _Offload:

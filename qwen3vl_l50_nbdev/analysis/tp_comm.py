@@ -11,7 +11,10 @@ import torch.nn.functional as F
 import torch.distributed as dist
 import pandas as pd
 from ..config import EncoderConfig
-from ..dist import Group, enable_one_shot, enable_exchange, _exchange_fits, shared_slots, sum_terms
+from dataclasses import replace
+from ..dist import Group, SymmetricSums, sum_terms
+from ..fast import apply_fast
+from ..overlap import overlapped
 from ..tp import RowParallelLinear
 from ..metrics import diff_row, checksum
 from ..rope import rope_index
@@ -23,44 +26,45 @@ from .tp_bench import Variant, FP8_QUANTS, build_ours
 def sum_bench(group: Group, device, rows=(128, 256, 512, 1024, 2048, 4096, 8192), hidden: int = 5120,
               k: int = 4096) -> pd.DataFrame:
     ("Per sum of `[rows, hidden]` over a CUDA `group`, in us: NCCL's, the one-shot kernel's, the copy-engine "
-     "exchange's (`Group.sum_start`, its add included; bf16, where a slot holds it); whether each gives NCCL's bits; "
-     "whether NCCL's sum equals its fp32 sum rounded back (`tp.RowSum.acc`). Where a shared slot holds the sum: a "
-     "`[rows, k]` GEMM alone, with the one-shot sum, and through the shared slots (`tp.RowParallelLinear`, add in).")
-    enable_one_shot(group, max(rows) * hidden * 4)   # buffers for the largest: every sum below takes the kernel
-    xch, out = enable_exchange(group), []
-    try:
-        for dt in (torch.float32, torch.bfloat16):
-            for n in rows:
-                x = torch.randn(n, hidden, device=device, dtype=dt) * (group.rank + 1)
-                y, ref = x.clone(), x.clone()
-                dist.all_reduce(ref, group=group.pg)
-                same = torch.equal(group.all_reduce(x), ref)
-                f32 = x.float(); dist.all_reduce(f32, group=group.pg)   # the fp32 sum, for tp.RowSum.acc's claim
-                r = dict(rows=n, dtype=str(dt).removeprefix("torch."), mib=x.nbytes / 2**20,
-                         nccl_us=graph_us(lambda: dist.all_reduce(y, group=group.pg)),
-                         one_shot_us=graph_us(lambda: group.all_reduce(x)), bitwise=same,
-                         fp32_sum_same=torch.equal(ref, f32.to(dt)))
-                if xch and dt == torch.bfloat16 and _exchange_fits(group.name, x, dt):
-                    summed = lambda s: sum_terms(group.sum_start(x, slot=s).wait())
-                    r["exchange_bits"] = torch.equal(summed(3), ref)   # slot 3 first, then 0, 1, ...
-                    r["exchange_us"] = graph_us(lambda: [summed(s) for s in range(4)], 10) / 4
-                if xch and dt == torch.bfloat16 and shared_slots(group.name, 0, x.nbytes):
-                    r.update(_gemm_sums(group, n, hidden, k, device))
-                out.append(r)
-    finally: enable_one_shot(group)   # back to the default buffers
+     "exchange's (`dist.SymmetricSums.sum_start`, its add included; bf16, where an exchange slot holds it); whether "
+     "each gives NCCL's bits; whether NCCL's sum equals its fp32 sum rounded back (`tp.RowSum.acc`). Where a window "
+     "holds the sum: a `[rows, k]` GEMM alone, with the one-shot sum, and through the windows (`tp.RowParallelLinear`, "
+     "add in).")
+    sums = SymmetricSums.make(group, max(rows) * hidden * 4)   # buffers for the largest: every sum below takes them
+    xch, out = sums is not None and sums.exchange is not None, []
+    for dt in (torch.float32, torch.bfloat16):
+        for n in rows:
+            x = torch.randn(n, hidden, device=device, dtype=dt) * (group.rank + 1)
+            y, ref = x.clone(), x.clone()
+            dist.all_reduce(ref, group=group.pg)
+            same = torch.equal((sums or group).all_reduce(x), ref)
+            f32 = x.float(); dist.all_reduce(f32, group=group.pg)   # the fp32 sum, for tp.RowSum.acc's claim
+            r = dict(rows=n, dtype=str(dt).removeprefix("torch."), mib=x.nbytes / 2**20,
+                     nccl_us=graph_us(lambda: dist.all_reduce(y, group=group.pg)),
+                     one_shot_us=graph_us(lambda: (sums or group).all_reduce(x)), bitwise=same,
+                     fp32_sum_same=torch.equal(ref, f32.to(dt)))
+            if xch and dt == torch.bfloat16 and sums.exchange.fits(x, dt):
+                summed = lambda s: sum_terms(sums.sum_start(x, slot=s).wait())
+                r["exchange_bits"] = torch.equal(summed(3), ref)   # slot 3 first, then 0, 1, ...
+                r["exchange_us"] = graph_us(lambda: [summed(s) for s in range(4)], 10) / 4
+            if xch and dt == torch.bfloat16 and sums.exchange.window(0, x.nbytes):
+                r.update(_gemm_sums(sums, n, hidden, k, device))
+            out.append(r)
     return pd.DataFrame(out)
 
 # %% ../../nbs/analysis/05c_tp_comm.ipynb #042c57c4
-def _gemm_sums(group: Group, n: int, hidden: int, k: int, device) -> dict:
-    "`sum_bench`'s GEMM columns: a row-parallel `[n, k] x [k, hidden]` alone, with the one-shot sum, shared."
-    lin = RowParallelLinear(k * group.size, hidden, group, dtype=torch.bfloat16, device=device, slot=0)
+def _gemm_sums(sums: SymmetricSums, n: int, hidden: int, k: int, device) -> dict:
+    "`sum_bench`'s GEMM columns: a row-parallel `[n, k] x [k, hidden]` alone, with the one-shot sum, in the windows."
+    group = sums.group
+    lin = RowParallelLinear(k * group.size, hidden, group, dtype=torch.bfloat16, device=device)
+    lin.sums, lin.window = sums, 0
     lin.weight.data.normal_(0, 0.02)
     a = torch.randn(n, k, device=device, dtype=torch.bfloat16)
     ref = F.linear(a, lin.weight); dist.all_reduce(ref, group=group.pg)
-    two = lambda: [lin(a), setattr(lin, "slot", 1 - lin.slot)]   # slots alternate, as attention and MLP do
-    shared_bits = torch.equal(lin(a), ref); lin.slot = 1   # slot 0 used: 1 next
+    two = lambda: [lin(a), setattr(lin, "window", 1 - lin.window)]   # windows alternate, as attention and MLP do
+    shared_bits = torch.equal(lin(a), ref); lin.window = 1   # window 0 used: 1 next
     return dict(gemm_us=graph_us(lambda: F.linear(a, lin.weight)),
-                gemm_one_shot_us=graph_us(lambda: group.all_reduce(F.linear(a, lin.weight))),
+                gemm_one_shot_us=graph_us(lambda: sums.all_reduce(F.linear(a, lin.weight))),
                 gemm_shared_us=graph_us(two), shared_bits=shared_bits)
 
 # %% ../../nbs/analysis/05c_tp_comm.ipynb #d466e8f6
@@ -79,17 +83,18 @@ def overlap_check(cfg: EncoderConfig, group: Group, device, tokens: int = 2048, 
     rows = []
     for quant in ("none", FP8_QUANTS[0]):
         enc = build_ours(cfg, Variant("ours", 2, "fp32", quant, "fast"), group, device, seed)
-        if enc.text.overlap_from is None or tokens < enc.text.overlap_from:
+        if enc.runner.overlap_from is None or tokens < enc.runner.overlap_from:
             raise RuntimeError(f"no overlapped schedule at {tokens} tokens here (overlap_from "
-                               f"{enc.text.overlap_from}): it needs 2 CUDA ranks with symmetric memory")
-        cases = {"encode": lambda e=enc: e.encode(**x),
-                 "DeepStack, 2 prompts": lambda e=enc: e.text(h, pos, mask, ds, lens)}
-        for name, call in cases.items():
+                               f"{enc.runner.overlap_from}): it needs 2 CUDA ranks with symmetric memory")
+        on = enc.fast
+        cases = {"encode": (lambda e=enc: e.encode(**x),) * 2,   # (overlapped, plain): the runner chooses
+                 "DeepStack, 2 prompts": (lambda e=enc: overlapped(e.text, h, pos, mask, ds, lens, e.runner.stages),
+                                          lambda e=enc: e.text(h, pos, mask, ds, lens))}
+        for name, (call, plain_call) in cases.items():
             with torch.inference_mode():
                 a, b = call(), call()
-                on, enc.text.overlap_from = enc.text.overlap_from, None; enc.runner.clear()
-                plain = call()
-                enc.text.overlap_from = on; enc.runner.clear()
+                apply_fast(enc, replace(on, overlap_from=None)); plain = plain_call()   # new runners: new graphs
+                apply_fast(enc, on)
             rows.append(dict(quant=quant, case=name, tokens=tokens, repeat_same=torch.equal(a, b),
                              ranks_same=ranks_same(a), rel_l2_to_forward=diff_row(a.cpu(), plain.cpu())["rel_l2"]))
         del enc; free_memory(device)
