@@ -403,3 +403,20 @@ def test_interrupted_encode_says_one_line(sig, ckpt, tmp_path):
     assert "Traceback" not in text, text
     assert rc == 128 + sig and f"qwen3vl-l50 encode: interrupted by {signal.Signals(sig).name}" in text, text
     assert sorted(x.name for x in tmp_path.iterdir()) == ["long.safetensors"]
+
+
+def test_nan_in_one_ranks_slice_fails_every_rank(ckpt, inputs, tmp_path):
+    "A NaN that only rank 1 reads (its half of a column-parallel weight): every rank stops, exit 2, nothing written."
+    from qwen3vl_l50_nbdev.testing import broken_checkpoint
+    k = "model.language_model.layers.1.mlp.up_proj.weight"
+    files = {f.name: load_file(f) for f in ckpt.glob("*.safetensors")}
+    where, sd = next((n, d) for n, d in files.items() if k in d)
+    bad = broken_checkpoint(ckpt, tmp_path / "nan", lambda d: None)
+    sd[k] = sd[k].clone(); sd[k][-1, 0] = float("nan")   # the last row: rank 1's half
+    save_file(sd, bad / where, metadata={"format": "pt"})
+    r = subprocess.run([sys.executable, "-m", "qwen3vl_l50_nbdev.cli", "encode", "--nproc", "2", "--model", str(bad),
+                        "--layer", "3", "--inputs", str(inputs[0]), "--out", str(out := tmp_path / "o.safetensors")],
+                       env=ENV, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 2, r.stderr[-3000:]
+    assert f"{k} in {where} holds 1 NaN or Inf value(s)" in r.stderr and "another rank of the group" in r.stderr
+    assert not out.exists()
