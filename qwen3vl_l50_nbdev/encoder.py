@@ -122,6 +122,7 @@ class NotMember(nn.Module):
 # %% ../nbs/08_encoder.ipynb #babb1bc1
 import functools
 import threading
+from .config import is_int
 
 def _serialised(encode):
     "`encode`, one call at a time per encoder: at TP=1 a concurrent call waits; at TP>1 it is refused."
@@ -135,9 +136,12 @@ def _serialised(encode):
         finally: lock.release()
     return run
 
-def _check_placement(offload: str | None, mode: str):
-    "`offload` and `mode`, each known, and together possible; else a `ValueError` saying what to choose."
+def _check_placement(offload: str | None, mode: str, ring: int = 2):
+    "`offload`, `mode` and `ring`, each valid, and together possible; else a `ValueError` saying what to choose."
     check_mode(mode); check_offload(offload)
+    if not is_int(ring) or ring < 1:
+        raise ValueError(f"ring={ring!r}: the number of device buffers of offload='layerwise', a whole number >= 1 "
+                         "(2 overlap a copy with compute)")
     if offload == "layerwise" and mode == "fast":
         raise ValueError("offload='layerwise' runs the decoder layers eagerly, one by one: use mode='exact' "
                          "(mode='fast' compiles the layers and replays CUDA graphs)")
@@ -206,14 +210,15 @@ class Encoder(nn.Module):
          "`FastConfig()`).")
         if quant not in (None, "fp8"): raise ValueError(f"quant={quant!r}: choose None or 'fp8'")
         if quant: check_fp8_modes(fp8_granularity, fp8_act)
-        _check_placement(offload, mode)
+        _check_placement(offload, mode, ring)
         cfg = EncoderConfig.from_hf(path, selected_layer)
         group = group or encoder_group()
         if not group.is_member: return NotMember(group, cfg)
         if device is None:
             device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else "cpu"
         enc = cls(cfg, group, reduce, dtype, "cpu" if offload else device, mode, fast)   # offloaded: into host memory
-        enc.load_stats = load_checkpoint(enc, path, progress=group.rank == 0 if progress is None else progress)
+        enc.load_stats = load_checkpoint(enc, path, progress=group.rank == 0 if progress is None else progress,
+                                         group=group)
         # online FP8: the decoder projections only
         if quant == "fp8": quantize_model_(enc.text, fp8_granularity, fp8_act)
         if offload: enc.device = torch.device(device); enc.set_offload(offload, ring)
@@ -227,7 +232,7 @@ class Encoder(nn.Module):
     def set_offload(self, offload: str | None, ring: int = 2) -> "Encoder":
         ("Move the weights: None (all on `device`), 'cpu' (pinned host memory; `load_to_device`, `offload_to_cpu`) "
          "or 'layerwise' (decoder layers streamed through `ring` device buffers, the rest on `device`).")
-        _check_placement(offload, self.mode)
+        _check_placement(offload, self.mode, ring)
         host = self.offloader.release() if self.offloader else {}   # the packed host copies are reused
         self.offloader, self._ring = None, ring
         self._drop_graphs()
@@ -324,12 +329,18 @@ class Encoder(nn.Module):
 
     @_serialised
     @torch.inference_mode()
-    def encode_batch(self, prompts: list[dict], output_device="cpu") -> list[torch.Tensor]:
-        ("`encode` of each prompt (a dict of `encode`'s arguments), as one packed forward: the prompts concatenated, "
-         "each attending only to itself, no padding. Returns [seq_i, hidden] each, on `output_device`.")
-        if isinstance(prompts, dict) or not len(prompts):
-            raise ValueError("encode_batch takes a non-empty list of prompts, each a dict of encode's arguments")
-        return self._forward([as_prompt(self.cfg, **p) for p in prompts], output_device)
+    def encode_batch(self, prompts: Iterable[dict], output_device="cpu") -> list[torch.Tensor]:
+        ("`encode` of each prompt (a dict of `encode`'s arguments; a list, or any iterable), as one packed forward: "
+         "the prompts concatenated, each attending only to itself, no padding. Returns [seq_i, hidden] each, on "
+         "`output_device`.")
+        one = isinstance(prompts, (dict, str)) or not isinstance(prompts, Iterable)   # not a list of prompts
+        ps = [prompts] if one else list(prompts)
+        if one or not ps or not all(isinstance(p, dict) for p in ps):
+            what = ("nothing" if not ps else f"a {type(prompts).__name__}" if one
+                    else f"a {type(next(p for p in ps if not isinstance(p, dict))).__name__} among them")
+            raise ValueError(f"encode_batch takes a non-empty list (or iterable) of prompts, each a dict of encode's "
+                             f"arguments; got {what}")
+        return self._forward([as_prompt(self.cfg, **p) for p in ps], output_device)
 
     @contextlib.contextmanager
     def _weights_placed(self):
