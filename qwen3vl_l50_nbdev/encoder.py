@@ -227,6 +227,97 @@ def from_pretrained(cls: Encoder, path, selected_layer: int = 50, dtype=torch.bf
     if offload: enc.device = torch.device(device); enc.set_offload(offload, ring)
     return enc
 
+# %% ../nbs/08_encoder.ipynb #fc008991
+@patch
+@_serialised
+@torch.inference_mode()
+def forward(self: Encoder, input_ids: torch.Tensor, pixel_values=None, image_grid_thw=None,
+            pixel_values_videos=None, video_grid_thw=None, output_device="cpu", **processor) -> torch.Tensor:
+    "`encode` as a module call: `enc(...)` runs the module's hooks around it (accelerate's offload hooks too)."
+    return self._forward([as_prompt(self.cfg, input_ids, pixel_values, image_grid_thw, pixel_values_videos,
+                                    video_grid_thw, **processor)], output_device)[0]
+
+@patch
+def encode(self: Encoder, input_ids: torch.Tensor, pixel_values=None, image_grid_thw=None,
+           pixel_values_videos=None, video_grid_thw=None, output_device="cpu", **processor) -> torch.Tensor:
+    ("The unnormalized state after decoder layer `selected_layer-1`: [seq, hidden] in the model dtype, on the CPU "
+     "or `output_device` (this encoder's device). `input_ids` [seq] or [1, seq]; `processor`: an HF processor's "
+     "`attention_mask`, `mm_token_type_ids`.")
+    return self(input_ids, pixel_values, image_grid_thw, pixel_values_videos, video_grid_thw, output_device,
+                **processor)
+
+@patch
+@_serialised
+@torch.inference_mode()
+def encode_batch(self: Encoder, prompts: Iterable[dict], output_device="cpu") -> list[torch.Tensor]:
+    ("`encode` of each prompt (a dict of `encode`'s arguments; a list, or any iterable), as one packed forward: "
+     "the prompts concatenated, each attending only to itself, no padding. Returns [seq_i, hidden] each, on "
+     "`output_device`.")
+    one = isinstance(prompts, (dict, str)) or not isinstance(prompts, Iterable)   # not a list of prompts
+    ps = [prompts] if one else list(prompts)
+    if one or not ps or not all(isinstance(p, dict) for p in ps):
+        what = ("nothing" if not ps else f"a {type(prompts).__name__}" if one
+                else f"a {type(next(p for p in ps if not isinstance(p, dict))).__name__} among them")
+        raise ValueError(f"encode_batch takes a non-empty list (or iterable) of prompts, each a dict of encode's "
+                         f"arguments; got {what}")
+    return self._forward([as_prompt(self.cfg, **p) for p in ps], output_device)
+
+# %% ../nbs/08_encoder.ipynb #a3d2a688
+@patch
+@contextlib.contextmanager
+def _weights_placed(self: Encoder):
+    "Within: the weights where the model reads them (offload='cpu', offloaded: on the device for this call only)."
+    o = self.offloader
+    lend = self.offload == "cpu" and not o.on_device
+    if lend: o.load_to_device()
+    try:
+        with no_graphs(self.runner, self.vision_runner) if lend else contextlib.nullcontext(): yield   # no graphs
+    except BaseException:
+        if self.offload == "layerwise": o.unbind()   # a pass that raised half-way left a layer in the ring
+        raise
+    finally:
+        if lend: o.offload_to_cpu()
+
+@patch
+def _output_device(self: Encoder, where) -> torch.device:
+    "`output_device` checked: the CPU or this encoder's device (`cuda` names any index of it); else `ValueError`."
+    try: d = torch.device(where)
+    except (RuntimeError, TypeError): d = None
+    if d is None or d.type != "cpu" and (d.type != self.device.type or d.index not in (None, self.device.index)):
+        raise ValueError(f"output_device={where!r}: choose 'cpu' or this encoder's device ({self.device}); "
+                         "move the result yourself to put it anywhere else")
+    return self.device if d.type == self.device.type else d
+
+@patch
+def _forward(self: Encoder, prompts: list[dict], output_device="cpu") -> list[torch.Tensor]:
+    "Checked prompts -> their states on `output_device`: one embedding, vision and decoder pass over them packed."
+    to, lens = self._output_device(output_device), [len(p["input_ids"]) for p in prompts]
+    with self._weights_placed(): out = self._run(prompts, lens)
+    out = self.to_host(out) if to.type == "cpu" else out.clone()   # a graph's output is overwritten by the next
+    return list(out.split(lens))
+
+@patch
+def _run(self: Encoder, prompts: list[dict], lens: list[int]) -> torch.Tensor:
+    "`_forward` with the weights placed (`lens`: the prompts' lengths): the packed states, on the device."
+    ids = torch.cat([p["input_ids"] for p in prompts]).to(self.device, torch.long)
+    h = self.text.embed_tokens(ids)
+    image_mask, video_mask = placeholder_masks(ids, self.cfg)
+    deep = {}
+    for kind, pv, grid, mask in (("image", "pixel_values", "image_grid_thw", image_mask),
+                                 ("video", "pixel_values_videos", "video_grid_thw", video_mask)):
+        have = [p for p in prompts if p[pv] is not None]
+        if not have: continue   # the prompts' images (videos) in order: one vision tower call for all of them
+        pixels = have[0][pv] if len(have) == 1 else torch.cat([p[pv] for p in have])
+        grids = (have[0][grid] if len(have) == 1
+                 else torch.cat([torch.as_tensor(p[grid]).reshape(-1, 3) for p in have]))
+        merged, deep[kind] = self.vision_runner(pixels.to(self.device), grids)
+        h = scatter_visual(h, mask, merged)
+    visual_mask, deepstack = merge_deepstack(image_mask, video_mask, deep.get("image"), deep.get("video"))
+    positions = torch.cat([rope_index(p["input_ids"].long(), self.cfg, p["image_grid_thw"], p["video_grid_thw"])
+                           for p in prompts], 1).to(self.device)   # M-RoPE positions: each prompt from 0
+    rows = None if visual_mask is None else visual_mask.nonzero()[:, 0]   # indices, not a mask: graphs need no sync
+    return self.runner(h, positions, rows, deepstack, lens)
+
 # %% ../nbs/08_encoder.ipynb #2863fc14
 @patch(as_prop=True)
 def offload(self: Encoder) -> str | None:
@@ -322,94 +413,3 @@ def load_weights(self: Encoder, pairs: Iterable) -> "Encoder":
         if self.offload == "layerwise": self.offloader.invalidate()   # the ring holds copies of the old weights
         if reload: self.load_to_device()
     return self
-
-# %% ../nbs/08_encoder.ipynb #fc008991
-@patch
-@_serialised
-@torch.inference_mode()
-def forward(self: Encoder, input_ids: torch.Tensor, pixel_values=None, image_grid_thw=None,
-            pixel_values_videos=None, video_grid_thw=None, output_device="cpu", **processor) -> torch.Tensor:
-    "`encode` as a module call: `enc(...)` runs the module's hooks around it (accelerate's offload hooks too)."
-    return self._forward([as_prompt(self.cfg, input_ids, pixel_values, image_grid_thw, pixel_values_videos,
-                                    video_grid_thw, **processor)], output_device)[0]
-
-@patch
-def encode(self: Encoder, input_ids: torch.Tensor, pixel_values=None, image_grid_thw=None,
-           pixel_values_videos=None, video_grid_thw=None, output_device="cpu", **processor) -> torch.Tensor:
-    ("The unnormalized state after decoder layer `selected_layer-1`: [seq, hidden] in the model dtype, on the CPU "
-     "or `output_device` (this encoder's device). `input_ids` [seq] or [1, seq]; `processor`: an HF processor's "
-     "`attention_mask`, `mm_token_type_ids`.")
-    return self(input_ids, pixel_values, image_grid_thw, pixel_values_videos, video_grid_thw, output_device,
-                **processor)
-
-@patch
-@_serialised
-@torch.inference_mode()
-def encode_batch(self: Encoder, prompts: Iterable[dict], output_device="cpu") -> list[torch.Tensor]:
-    ("`encode` of each prompt (a dict of `encode`'s arguments; a list, or any iterable), as one packed forward: "
-     "the prompts concatenated, each attending only to itself, no padding. Returns [seq_i, hidden] each, on "
-     "`output_device`.")
-    one = isinstance(prompts, (dict, str)) or not isinstance(prompts, Iterable)   # not a list of prompts
-    ps = [prompts] if one else list(prompts)
-    if one or not ps or not all(isinstance(p, dict) for p in ps):
-        what = ("nothing" if not ps else f"a {type(prompts).__name__}" if one
-                else f"a {type(next(p for p in ps if not isinstance(p, dict))).__name__} among them")
-        raise ValueError(f"encode_batch takes a non-empty list (or iterable) of prompts, each a dict of encode's "
-                         f"arguments; got {what}")
-    return self._forward([as_prompt(self.cfg, **p) for p in ps], output_device)
-
-# %% ../nbs/08_encoder.ipynb #a3d2a688
-@patch
-@contextlib.contextmanager
-def _weights_placed(self: Encoder):
-    "Within: the weights where the model reads them (offload='cpu', offloaded: on the device for this call only)."
-    o = self.offloader
-    lend = self.offload == "cpu" and not o.on_device
-    if lend: o.load_to_device()
-    try:
-        with no_graphs(self.runner, self.vision_runner) if lend else contextlib.nullcontext(): yield   # no graphs
-    except BaseException:
-        if self.offload == "layerwise": o.unbind()   # a pass that raised half-way left a layer in the ring
-        raise
-    finally:
-        if lend: o.offload_to_cpu()
-
-@patch
-def _output_device(self: Encoder, where) -> torch.device:
-    "`output_device` checked: the CPU or this encoder's device (`cuda` names any index of it); else `ValueError`."
-    try: d = torch.device(where)
-    except (RuntimeError, TypeError): d = None
-    if d is None or d.type != "cpu" and (d.type != self.device.type or d.index not in (None, self.device.index)):
-        raise ValueError(f"output_device={where!r}: choose 'cpu' or this encoder's device ({self.device}); "
-                         "move the result yourself to put it anywhere else")
-    return self.device if d.type == self.device.type else d
-
-@patch
-def _forward(self: Encoder, prompts: list[dict], output_device="cpu") -> list[torch.Tensor]:
-    "Checked prompts -> their states on `output_device`: one embedding, vision and decoder pass over them packed."
-    to, lens = self._output_device(output_device), [len(p["input_ids"]) for p in prompts]
-    with self._weights_placed(): out = self._run(prompts, lens)
-    out = self.to_host(out) if to.type == "cpu" else out.clone()   # a graph's output is overwritten by the next
-    return list(out.split(lens))
-
-@patch
-def _run(self: Encoder, prompts: list[dict], lens: list[int]) -> torch.Tensor:
-    "`_forward` with the weights placed (`lens`: the prompts' lengths): the packed states, on the device."
-    ids = torch.cat([p["input_ids"] for p in prompts]).to(self.device, torch.long)
-    h = self.text.embed_tokens(ids)
-    image_mask, video_mask = placeholder_masks(ids, self.cfg)
-    deep = {}
-    for kind, pv, grid, mask in (("image", "pixel_values", "image_grid_thw", image_mask),
-                                 ("video", "pixel_values_videos", "video_grid_thw", video_mask)):
-        have = [p for p in prompts if p[pv] is not None]
-        if not have: continue   # the prompts' images (videos) in order: one vision tower call for all of them
-        pixels = have[0][pv] if len(have) == 1 else torch.cat([p[pv] for p in have])
-        grids = (have[0][grid] if len(have) == 1
-                 else torch.cat([torch.as_tensor(p[grid]).reshape(-1, 3) for p in have]))
-        merged, deep[kind] = self.vision_runner(pixels.to(self.device), grids)
-        h = scatter_visual(h, mask, merged)
-    visual_mask, deepstack = merge_deepstack(image_mask, video_mask, deep.get("image"), deep.get("video"))
-    positions = torch.cat([rope_index(p["input_ids"].long(), self.cfg, p["image_grid_thw"], p["video_grid_thw"])
-                           for p in prompts], 1).to(self.device)   # M-RoPE positions: each prompt from 0
-    rows = None if visual_mask is None else visual_mask.nonzero()[:, 0]   # indices, not a mask: graphs need no sync
-    return self.runner(h, positions, rows, deepstack, lens)
