@@ -319,8 +319,9 @@ def measure(enc: Encoder, v: Variant, prompts: dict, ref: Reference | None, teac
         n = len(x["input_ids"])
         rows_run = pad_to(n) if enc.runner.padded else n   # fast mode runs padded rows: the teacher gets pad rows too
         forced = [F.pad(t, (0, 0, 0, rows_run - n)) for t in teacher[p]]
-        with layer_states(enc.text) as acc: enc.encode(**x)
-        with layer_states(enc.text, teacher=forced) as loc: enc.encode(**x)
+        with torch.compiler.set_stance("force_eager"):   # hooks in compiled layers would recompile them per prompt
+            with layer_states(enc.text) as acc: enc.encode(**x)
+            with layer_states(enc.text, teacher=forced) as loc: enc.encode(**x)
         acc, loc = [s[:n] for s in acc], [s[:n] for s in loc]
         if me:
             lab = dict(variant=v.name, **v._asdict(), prompt=p, seq=len(x["input_ids"]), time_s=secs)
@@ -345,7 +346,7 @@ def verdicts(df: pd.DataFrame, worst: int = 3) -> pd.DataFrame:
         o = g[g.kind == "output"].set_index("prompt")
         ratio = (o.rel_l2 / own.reindex(o.index)).sort_values(ascending=False)
         if bound is None:
-            diff = g[~g.bitwise_hf.astype(bool)].sort_values("layer").drop_duplicates("prompt")
+            diff = g[~g.bitwise_hf.astype(bool)].sort_values("layer", kind="stable").drop_duplicates("prompt")
             ok = diff.empty
             names = ", ".join(f"{r.prompt} (layer {r.layer} {r.kind}, max |diff| {r.max_abs_hf:.3g})"
                               for r in diff.head(worst).itertuples())
@@ -662,7 +663,11 @@ def report_notebook(out) -> Path:
 
 def write_report(out) -> tuple[Path, Path]:
     "`out`/report.html and `out`/report.ipynb from `out`/results.csv."
-    import matplotlib
+    try: import matplotlib
+    except ImportError:
+        print(f"matplotlib is not installed: no report (results.csv is in {out}; render it where matplotlib is, "
+              "with analysis.validate.write_report)")
+        return None, None
     if "matplotlib.pyplot" not in sys.modules: matplotlib.use("Agg")   # no display on a GPU node
     df = load_results(out)
     (Path(out) / "report.html").write_text(report_html(df), encoding="utf-8")
