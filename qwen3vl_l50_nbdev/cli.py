@@ -309,7 +309,7 @@ def launch(args: list[str], n: int, what: str = "running") -> int:
 def cmd_validate(a) -> int:
     ("Every variant against transformers' fp32 reference on a prompts file, layer by layer (`analysis.validate`: the "
      "harness, imported only here); rank 0 writes the report; 1 when a variant is outside its contract.")
-    init_world(a.device)
+    init_world(a.device, timeout_s=3600)   # the other ranks wait for rank 0's reference (minutes at 50 layers)
     from .analysis.validate import run_validate
     return run_validate(a)
 

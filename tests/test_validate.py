@@ -8,7 +8,6 @@ from argparse import Namespace
 
 import pandas as pd
 import pytest
-import torch
 
 from qwen3vl_l50_nbdev.cli import main, parser
 from qwen3vl_l50_nbdev.analysis import validate as V

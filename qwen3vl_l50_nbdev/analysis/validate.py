@@ -714,7 +714,8 @@ def gpu_bench(ckpt, out, layers: int = 10) -> dict:
     t_write = time.perf_counter() - t0
     prompts = bench_prompts(Path(out) / "prompts")
     t1 = time.perf_counter()
-    df, v = validate(ckpt, prompts, out, command="gpu_bench",
+    cmd = " ".join(["python -m qwen3vl_l50_nbdev.analysis.validate", *map(shlex.quote, sys.argv[1:])])
+    df, v = validate(ckpt, prompts, out, command=cmd,
                      only=[Variant(), Variant(mode="fast"), Variant(quant="fp8", granularity="channel")])
     wall = time.perf_counter() - t1
     s = dict(checkpoint_write_s=round(t_write, 1), validate_wall_s=round(wall, 1),
