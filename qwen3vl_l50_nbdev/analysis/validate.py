@@ -654,7 +654,9 @@ def report_notebook(out) -> Path:
     dst = Path(out).resolve() / "report.ipynb"
     dst.write_text(json.dumps(nb, indent=1))
     try: from execnb.shell import CaptureShell
-    except ImportError: return dst
+    except ImportError:
+        print(f"{dst}: written, not executed (execnb, nbdev's executor, is not installed): run it in Jupyter")
+        return dst
     cwd = os.getcwd()
     os.chdir(dst.parent)   # the notebook reads results.csv beside it
     try: CaptureShell().execute(dst, dst, exc_stop=True)
