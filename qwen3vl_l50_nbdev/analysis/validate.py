@@ -216,7 +216,7 @@ def reference(path, prompts: dict, layers: int, dtype=torch.float32, device="cpu
             layer.to("meta")
     return Reference(st, hf, local, time.perf_counter() - t0, peak_gib(dev))
 
-# %% ../../nbs/analysis/06_validate.ipynb #7fac0f89
+# %% ../../nbs/analysis/06_validate.ipynb #601055e3
 def _rows(xs, refs, hfs, first: int = 1, **labels) -> list[dict]:
     "Rows of `xs` against `refs` (rel L2, cosine, max |diff|) and HF bf16's `hfs` (bitwise, max |diff|), per layer."
     rows = []
@@ -237,7 +237,7 @@ def baseline_rows(ref: Reference, prompts: dict) -> list[dict]:
         rows += _rows(s[-1:], ref.states[p][-1:], s[-1:], n, kind="output", **lab)
     return rows
 
-# %% ../../nbs/analysis/06_validate.ipynb #ccdd4f16
+# %% ../../nbs/analysis/06_validate.ipynb #eddb987d
 def _timed(fn):
     "`fn()` and its wall seconds (a CUDA device idle before and after)."
     sync = torch.cuda.synchronize if torch.cuda.is_available() and torch.cuda.is_initialized() else lambda: None
@@ -269,7 +269,7 @@ def measure(enc: Encoder, v: Variant, prompts: dict, ref: Reference | None, teac
         if bar is not None: bar.update()
     return rows
 
-# %% ../../nbs/analysis/06_validate.ipynb #ed69ae12
+# %% ../../nbs/analysis/06_validate.ipynb #382c3444
 def _variant_of(g: pd.DataFrame) -> Variant:
     r = g.iloc[0]
     return Variant(int(r.tp), r["reduce"], r.quant, r.granularity, r["mode"])
@@ -297,7 +297,7 @@ def verdicts(df: pd.DataFrame, worst: int = 3) -> pd.DataFrame:
                         prompts=len(o), time_ms=1e3 * o.time_s.median(), peak_gib=g.peak_gib.max()))
     return pd.DataFrame(out)
 
-# %% ../../nbs/analysis/06_validate.ipynb #dcc3a206
+# %% ../../nbs/analysis/06_validate.ipynb #78830275
 def check_out_dir(path) -> Path:
     "`path` as a directory a report can be written to (made if missing), checked by writing in it; else `ValueError`."
     p = Path(path)
@@ -320,7 +320,7 @@ def _check_tps(vs: list[Variant], cfg: EncoderConfig, world: int):
             raise ValueError(f"--tp {t} needs {t} ranks but this run has {world}: add --nproc {max(v.tp for v in vs)}"
                              f" (or run under torchrun --nproc_per_node {max(v.tp for v in vs)})")
 
-# %% ../../nbs/analysis/06_validate.ipynb #abddc3f2
+# %% ../../nbs/analysis/06_validate.ipynb #16195a15
 def _share(states: dict | None, prompts: dict, layers: int, hidden: int, dtype, device) -> dict:
     "Rank 0's reference states on every rank of the world (a broadcast per state, through `device`)."
     if not dist.is_initialized() or dist.get_world_size() == 1: return states
@@ -334,7 +334,7 @@ def _share(states: dict | None, prompts: dict, layers: int, hidden: int, dtype, 
             out[p].append(states[p][i] if me == 0 else t.cpu())
     return out
 
-# %% ../../nbs/analysis/06_validate.ipynb #09e27ec9
+# %% ../../nbs/analysis/06_validate.ipynb #5f3950c3
 REF_DTYPES = {"fp32": torch.float32, "fp64": torch.float64}
 
 def prepare(model, prompts_file, out, layer: int | None = None, tp="1", reduce="fp32", quant="none",
@@ -356,7 +356,7 @@ def prepare(model, prompts_file, out, layer: int | None = None, tp="1", reduce="
     ck = _Checkpoint(model)   # the headers, checked (a truncated shard stops here)
     return cfg, vs, xs, ck
 
-# %% ../../nbs/analysis/06_validate.ipynb #3f2e2f7e
+# %% ../../nbs/analysis/06_validate.ipynb #381ff2e3
 def validate(model, prompts_file, out, layer: int | None = None, tp="1", reduce="fp32", quant="none",
              granularity="channel", mode="exact", ref_dtype: str = "fp32", device=None, max_pixels: int | None = None,
              perturb=None, progress: bool = True, command: str | None = None, report: bool = True,
@@ -403,7 +403,7 @@ def _gather(x: float) -> list[float]:
     box = [None] * dist.get_world_size(); dist.all_gather_object(box, x)
     return box
 
-# %% ../../nbs/analysis/06_validate.ipynb #0c53695a
+# %% ../../nbs/analysis/06_validate.ipynb #ae35fd1e
 def run_validate(a, perturb=None) -> int:
     ("`qwen3vl-l50 validate` with the parsed options `a`, on every rank: the verdicts printed (rank 0), "
      "exit code 1 when a variant is outside its contract, the same on every rank.")
@@ -423,7 +423,7 @@ def run_validate(a, perturb=None) -> int:
         box = [rc]; dist.broadcast_object_list(box, src=0); rc = box[0]
     return rc
 
-# %% ../../nbs/analysis/06_validate.ipynb #e2f63bdd
+# %% ../../nbs/analysis/06_validate.ipynb #863024b1
 def checkpoint_fingerprint(path, files=None) -> str:
     "sha256 (16 hex digits) of `config.json` and each safetensors file's header (its JSON: names, dtypes, shapes)."
     p, h = Path(path), hashlib.sha256()
@@ -455,7 +455,7 @@ def run_meta(model, ck: _Checkpoint, device, ref: Reference, ref_dtype: str, com
                 date=base["date"], ref_dtype=ref_dtype, ref_seconds=ref.seconds, ref_peak_gib=ref.peak_gib,
                 command=command, **({"machine": base["machine"]} if "machine" in base else {}))
 
-# %% ../../nbs/analysis/06_validate.ipynb #5ef2dbe4
+# %% ../../nbs/analysis/06_validate.ipynb #17b22158
 def _colors(names) -> dict:
     import matplotlib.pyplot as plt
     cyc = plt.rcParams["axes.prop_cycle"].by_key()["color"]
@@ -482,7 +482,7 @@ def growth_figure(df: pd.DataFrame):
     fig.tight_layout()
     return fig
 
-# %% ../../nbs/analysis/06_validate.ipynb #251f36a2
+# %% ../../nbs/analysis/06_validate.ipynb #6dfc27bd
 def _ratios(df: pd.DataFrame) -> pd.DataFrame:
     "Output rows of the variants with `ratio`: rel L2 over HF bf16's own for the same prompt."
     own = df[(df.variant == HF_BF16) & (df.kind == "output")].set_index("prompt").rel_l2
@@ -518,7 +518,7 @@ def time_figure(df: pd.DataFrame):
            title="time against error", yscale="log"); ax.grid(alpha=0.3, which="both"); fig.tight_layout()
     return fig
 
-# %% ../../nbs/analysis/06_validate.ipynb #b91dd07f
+# %% ../../nbs/analysis/06_validate.ipynb #51a57171
 def load_results(path) -> pd.DataFrame:
     "A validation's `results.csv` (a file, or its directory)."
     p = Path(path)
@@ -537,7 +537,7 @@ def output_table(df: pd.DataFrame) -> pd.DataFrame:
         cosine_min=("cosine", "min"), max_abs=("max_abs", "max"), time_ms=("time_s", lambda s: 1e3 * s.median()),
         peak_gib=("peak_gib", "max"))
 
-# %% ../../nbs/analysis/06_validate.ipynb #2bcbfaf9
+# %% ../../nbs/analysis/06_validate.ipynb #d969eb84
 _CSS = ("body{font-family:system-ui,sans-serif;max-width:1100px;margin:2em auto;color:#222}"
         "table{border-collapse:collapse;font-size:13px;margin:1em 0}td,th{border:1px solid #ccc;padding:3px 8px}"
         "th{background:#f3f3f3}.pass{color:#070;font-weight:bold}.fail{color:#b00;font-weight:bold}"
@@ -568,7 +568,7 @@ def report_html(df: pd.DataFrame) -> str:
             f"<h2>The output, per variant</h2>{fmt(output_table(df).reset_index())}"
             f"<h2>Provenance</h2><table>{pt}</table></body></html>")
 
-# %% ../../nbs/analysis/06_validate.ipynb #d7322414
+# %% ../../nbs/analysis/06_validate.ipynb #9bf5e0cf
 REPORT_CELLS = [
     ("markdown", "# Validation report\n> Rendered from `results.csv` beside this notebook by "
                  "`qwen3vl_l50_nbdev.analysis.validate`: rerun it to render it again."),
@@ -612,7 +612,7 @@ def write_report(out) -> tuple[Path, Path]:
     (Path(out) / "report.html").write_text(report_html(df), encoding="utf-8")
     return Path(out) / "report.html", report_notebook(out)
 
-# %% ../../nbs/analysis/06_validate.ipynb #ec70d616
+# %% ../../nbs/analysis/06_validate.ipynb #edf9d4f4
 QWEN_RANKS = 151643   # Qwen's BPE entries: its special tokens' ids start here (inputs.QWEN_SPECIALS, in order)
 
 def bench_tokenizer():
@@ -642,7 +642,7 @@ def write_32b_checkpoint(path, layers: int = 10) -> Path:
     bench_tokenizer().save_pretrained(path)
     return Path(path)
 
-# %% ../../nbs/analysis/06_validate.ipynb #b01ca2b6
+# %% ../../nbs/analysis/06_validate.ipynb #60a08b1e
 def bench_prompts(d, tokenizer) -> Path:
     ("Eight prompts in `d`/prompts.jsonl: texts of about 128, 512 and 2048 tokens (of `tokenizer`), matplotlib's "
      "photographs, two pictures, a clip made of one, a clip and a picture.")
@@ -665,7 +665,7 @@ def bench_prompts(d, tokenizer) -> Path:
     (d / "prompts.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
     return d / "prompts.jsonl"
 
-# %% ../../nbs/analysis/06_validate.ipynb #3a2f635e
+# %% ../../nbs/analysis/06_validate.ipynb #0475e3ce
 def gpu_bench(ckpt, out, layers: int = 10) -> dict:
     "The H200 measurement: write the checkpoint (if missing), the prompts, validate exact/fast/FP8 at TP 1; a summary."
     from qwen3vl_l50_nbdev.inputs import load_tokenizer
@@ -696,5 +696,5 @@ def main(argv=None) -> int:
     gpu_bench(a.gpu_bench, a.out, a.layers)
     return 0
 
-# %% ../../nbs/analysis/06_validate.ipynb #dec93b67
+# %% ../../nbs/analysis/06_validate.ipynb #acd06b3e
 if __name__ == "__main__" and "__file__" in globals(): raise SystemExit(main())   # `python -m`, not a notebook
