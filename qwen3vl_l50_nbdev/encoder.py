@@ -10,18 +10,19 @@ import contextlib
 from typing import Iterable
 import torch
 import torch.nn as nn
+from fastcore.basics import patch
 from .config import EncoderConfig
-from .dist import Group, encoder_group, enable_one_shot, enable_exchange
-from .tp import REDUCE_MODES
+from .dist import Group, encoder_group
+from .tp import check_reduce
 from .vision import VisionModel, check_pixels
 from .text import TextModel
 from .rope import rope_index, mm_token_types
 from .deepstack import placeholder_masks, scatter_visual, merge_deepstack
-from .loading import load_checkpoint, load_weights, checkpoint_tensors, _missing_message
+from .loading import load_checkpoint, checkpoint_tensors, _missing_message
+from .loading import load_weights as fill_weights   # `Encoder.load_weights` checks, then calls it
 from .loading import checkpoint_name
 from .fp8 import quantize_model_, check_fp8_modes
-from .fast import check_mode, set_fused_, compile_layers_, TextRunner, VisionRunner, no_graphs
-from .fast import OVERLAP_FROM
+from .fast import check_mode, no_graphs, FastConfig, apply_fast
 from .offload import check_offload, CpuOffload, LayerwiseOffload
 
 # %% ../nbs/08_encoder.ipynb #49b5d5c5
@@ -123,6 +124,7 @@ class NotMember(nn.Module):
 # %% ../nbs/08_encoder.ipynb #babb1bc1
 import functools
 import threading
+from .config import is_int
 
 def _serialised(encode):
     "`encode`, one call at a time per encoder: at TP=1 a concurrent call waits; at TP>1 it is refused."
@@ -136,9 +138,12 @@ def _serialised(encode):
         finally: lock.release()
     return run
 
-def _check_placement(offload: str | None, mode: str):
-    "`offload` and `mode`, each known, and together possible; else a `ValueError` saying what to choose."
+def _check_placement(offload: str | None, mode: str, ring: int = 2):
+    "`offload`, `mode` and `ring`, each valid, and together possible; else a `ValueError` saying what to choose."
     check_mode(mode); check_offload(offload)
+    if not is_int(ring) or ring < 1:
+        raise ValueError(f"ring={ring!r}: the number of device buffers of offload='layerwise', a whole number >= 1 "
+                         "(2 overlap a copy with compute)")
     if offload == "layerwise" and mode == "fast":
         raise ValueError("offload='layerwise' runs the decoder layers eagerly, one by one: use mode='exact' "
                          "(mode='fast' compiles the layers and replays CUDA graphs)")
@@ -181,204 +186,230 @@ class Encoder(nn.Module):
     "The Qwen3-VL layer-N encoder: replicated vision tower, tensor-parallel text decoder cut at `cfg.selected_layer`."
     is_loaded = True   # this rank holds weights (a `NotMember` holds none)
     def __init__(self, cfg: EncoderConfig, group: Group | None = None, reduce: str = "fp32",
-                 dtype=torch.bfloat16, device=None, mode: str = "exact"):
+                 dtype=torch.bfloat16, device=None, mode: str = "exact", fast: FastConfig | None = None):
         super().__init__()
-        if reduce not in REDUCE_MODES: raise ValueError(f"reduce={reduce!r}: choose one of {REDUCE_MODES}")
         self.cfg, self.group, self.dtype, self.mode = cfg, group or Group.local(), dtype, check_mode(mode)
+        self.reduce = check_reduce(reduce)
         self.device = torch.device(device or "cpu")
         self.cfg.validate(self.group.size)
         self.vision = VisionModel(cfg.vision, dtype, self.device)
         self.text = TextModel(cfg.text, cfg.selected_layer, self.group, reduce, dtype, self.device)
-        if mode == "fast":   # fused GEMMs, batched vision attention; sums through symmetric memory on CUDA
-            set_fused_(self)
-            if self.device.type == "cuda":
-                enable_one_shot(self.group)
-                if enable_exchange(self.group): self.text.overlap_from = OVERLAP_FROM   # TP 2: sums in flight
-        self.runner = TextRunner(self.text, padded=mode == "fast")   # CUDA graphs of the decoder (eager on the CPU)
-        self.vision_runner = VisionRunner(self.vision)                # and of the vision blocks
         self.offloader, self._ring = None, 2   # `offload.CpuOffload` or `.LayerwiseOffload` (`set_offload`)
         self.to_host = HostCopy()              # results to the CPU through its pinned buffer
+        # what `fast.apply_fast` sets: its config (None: exact mode), the symmetric-memory sums it made (CUDA, TP > 1),
+        # whether it compiled the layers, and the runners (CUDA graphs of the decoder and the vision blocks)
+        self.fast, self.sums, self.compiled = None, None, False
+        apply_fast(self, (fast or FastConfig()) if mode == "fast" else None)
 
-    @classmethod
-    def from_pretrained(cls, path, selected_layer: int = 50, dtype=torch.bfloat16, device=None,
-                        group: Group | None = None, reduce: str = "fp32", quant: str | None = None,
-                        fp8_granularity: str = "channel", fp8_act: str = "token", progress: bool | None = None,
-                        mode: str = "exact", offload: str | None = None, ring: int = 2):
-        ("Load an HF-format Qwen3-VL checkpoint directory onto the encoder group (default: every rank of the world); "
-         "`offload`: None, 'cpu' or 'layerwise' (`ring` device buffers).")
-        if quant not in (None, "fp8"): raise ValueError(f"quant={quant!r}: choose None or 'fp8'")
-        if quant: check_fp8_modes(fp8_granularity, fp8_act)
-        _check_placement(offload, mode)
-        cfg = EncoderConfig.from_hf(path, selected_layer)
-        group = group or encoder_group()
-        if not group.is_member: return NotMember(group, cfg)
-        if device is None:
-            device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else "cpu"
-        enc = cls(cfg, group, reduce, dtype, "cpu" if offload else device, mode)   # offloaded: loaded into host memory
-        enc.load_stats = load_checkpoint(enc, path, progress=group.rank == 0 if progress is None else progress)
-        # online FP8: the decoder projections only
-        if quant == "fp8": quantize_model_(enc.text, fp8_granularity, fp8_act)
-        if offload: enc.device = torch.device(device); enc.set_offload(offload, ring)
-        elif mode == "fast": compile_layers_(enc)   # after FP8: the compiled layers are the ones that run
-        return enc
+# %% ../nbs/08_encoder.ipynb #697bd9d3
+@patch(cls_method=True)
+def from_pretrained(cls: Encoder, path, selected_layer: int = 50, dtype=torch.bfloat16, device=None,
+                    group: Group | None = None, reduce: str = "fp32", quant: str | None = None,
+                    fp8_granularity: str = "channel", fp8_act: str = "token", progress: bool | None = None,
+                    mode: str = "exact", offload: str | None = None, ring: int = 2,
+                    fast: FastConfig | None = None):
+    ("Load an HF-format Qwen3-VL checkpoint directory onto the encoder group (default: every rank of the world); "
+     "`offload`: None, 'cpu' or 'layerwise' (`ring` device buffers); `fast`: fast mode's config (default "
+     "`FastConfig()`).")
+    if quant not in (None, "fp8"): raise ValueError(f"quant={quant!r}: choose None or 'fp8'")
+    if quant: check_fp8_modes(fp8_granularity, fp8_act)
+    _check_placement(offload, mode, ring)
+    cfg = EncoderConfig.from_hf(path, selected_layer)
+    group = group or encoder_group()
+    if not group.is_member: return NotMember(group, cfg)
+    if device is None:
+        device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else "cpu"
+    enc = cls(cfg, group, reduce, dtype, "cpu" if offload else device, mode, fast)   # offloaded: into host memory
+    enc.load_stats = load_checkpoint(enc, path, progress=group.rank == 0 if progress is None else progress,
+                                     group=group)
+    # online FP8: the decoder projections only
+    if quant == "fp8": quantize_model_(enc.text, fp8_granularity, fp8_act)
+    if offload: enc.device = torch.device(device); enc.set_offload(offload, ring)
+    return enc
 
-    @property
-    def offload(self) -> str | None:
-        "Where the weights live: None (on `device`), 'cpu' or 'layerwise' (`set_offload`)."
-        return None if self.offloader is None else self.offloader.kind
+# %% ../nbs/08_encoder.ipynb #fc008991
+@patch
+@_serialised
+@torch.inference_mode()
+def forward(self: Encoder, input_ids: torch.Tensor, pixel_values=None, image_grid_thw=None,
+            pixel_values_videos=None, video_grid_thw=None, output_device="cpu", **processor) -> torch.Tensor:
+    "`encode` as a module call: `enc(...)` runs the module's hooks around it (accelerate's offload hooks too)."
+    return self._forward([as_prompt(self.cfg, input_ids, pixel_values, image_grid_thw, pixel_values_videos,
+                                    video_grid_thw, **processor)], output_device)[0]
 
-    def set_offload(self, offload: str | None, ring: int = 2) -> "Encoder":
-        ("Move the weights: None (all on `device`), 'cpu' (pinned host memory; `load_to_device`, `offload_to_cpu`) "
-         "or 'layerwise' (decoder layers streamed through `ring` device buffers, the rest on `device`).")
-        _check_placement(offload, self.mode)
-        host = self.offloader.release() if self.offloader else {}   # the packed host copies are reused
-        self.offloader, self._ring = None, ring
+@patch
+def encode(self: Encoder, input_ids: torch.Tensor, pixel_values=None, image_grid_thw=None,
+           pixel_values_videos=None, video_grid_thw=None, output_device="cpu", **processor) -> torch.Tensor:
+    ("The unnormalized state after decoder layer `selected_layer-1`: [seq, hidden] in the model dtype, on the CPU "
+     "or `output_device` (this encoder's device). `input_ids` [seq] or [1, seq]; `processor`: an HF processor's "
+     "`attention_mask`, `mm_token_type_ids`.")
+    return self(input_ids, pixel_values, image_grid_thw, pixel_values_videos, video_grid_thw, output_device,
+                **processor)
+
+@patch
+@_serialised
+@torch.inference_mode()
+def encode_batch(self: Encoder, prompts: Iterable[dict], output_device="cpu") -> list[torch.Tensor]:
+    ("`encode` of each prompt (a dict of `encode`'s arguments; a list, or any iterable), as one packed forward: "
+     "the prompts concatenated, each attending only to itself, no padding. Returns [seq_i, hidden] each, on "
+     "`output_device`.")
+    one = isinstance(prompts, (dict, str)) or not isinstance(prompts, Iterable)   # not a list of prompts
+    ps = [prompts] if one else list(prompts)
+    if one or not ps or not all(isinstance(p, dict) for p in ps):
+        what = ("nothing" if not ps else f"a {type(prompts).__name__}" if one
+                else f"a {type(next(p for p in ps if not isinstance(p, dict))).__name__} among them")
+        raise ValueError(f"encode_batch takes a non-empty list (or iterable) of prompts, each a dict of encode's "
+                         f"arguments; got {what}")
+    return self._forward([as_prompt(self.cfg, **p) for p in ps], output_device)
+
+# %% ../nbs/08_encoder.ipynb #a3d2a688
+@patch
+@contextlib.contextmanager
+def _weights_placed(self: Encoder):
+    "Within: the weights where the model reads them (offload='cpu', offloaded: on the device for this call only)."
+    o = self.offloader
+    lend = self.offload == "cpu" and not o.on_device
+    if lend: o.load_to_device()
+    try:
+        with no_graphs(self.runner, self.vision_runner) if lend else contextlib.nullcontext(): yield   # no graphs
+    except BaseException:
+        if self.offload == "layerwise": o.unbind()   # a pass that raised half-way left a layer in the ring
+        raise
+    finally:
+        if lend: o.offload_to_cpu()
+
+@patch
+def _output_device(self: Encoder, where) -> torch.device:
+    "`output_device` checked: the CPU or this encoder's device (`cuda` names any index of it); else `ValueError`."
+    try: d = torch.device(where)
+    except (RuntimeError, TypeError): d = None
+    if d is None or d.type != "cpu" and (d.type != self.device.type or d.index not in (None, self.device.index)):
+        raise ValueError(f"output_device={where!r}: choose 'cpu' or this encoder's device ({self.device}); "
+                         "move the result yourself to put it anywhere else")
+    return self.device if d.type == self.device.type else d
+
+@patch
+def _forward(self: Encoder, prompts: list[dict], output_device="cpu") -> list[torch.Tensor]:
+    "Checked prompts -> their states on `output_device`: one embedding, vision and decoder pass over them packed."
+    to, lens = self._output_device(output_device), [len(p["input_ids"]) for p in prompts]
+    with self._weights_placed(): out = self._run(prompts, lens)
+    out = self.to_host(out) if to.type == "cpu" else out.clone()   # a graph's output is overwritten by the next
+    return list(out.split(lens))
+
+@patch
+def _run(self: Encoder, prompts: list[dict], lens: list[int]) -> torch.Tensor:
+    "`_forward` with the weights placed (`lens`: the prompts' lengths): the packed states, on the device."
+    ids = torch.cat([p["input_ids"] for p in prompts]).to(self.device, torch.long)
+    h = self.text.embed_tokens(ids)
+    image_mask, video_mask = placeholder_masks(ids, self.cfg)
+    deep = {}
+    for kind, pv, grid, mask in (("image", "pixel_values", "image_grid_thw", image_mask),
+                                 ("video", "pixel_values_videos", "video_grid_thw", video_mask)):
+        have = [p for p in prompts if p[pv] is not None]
+        if not have: continue   # the prompts' images (videos) in order: one vision tower call for all of them
+        pixels = have[0][pv] if len(have) == 1 else torch.cat([p[pv] for p in have])
+        grids = (have[0][grid] if len(have) == 1
+                 else torch.cat([torch.as_tensor(p[grid]).reshape(-1, 3) for p in have]))
+        merged, deep[kind] = self.vision_runner(pixels.to(self.device), grids)
+        h = scatter_visual(h, mask, merged)
+    visual_mask, deepstack = merge_deepstack(image_mask, video_mask, deep.get("image"), deep.get("video"))
+    positions = torch.cat([rope_index(p["input_ids"].long(), self.cfg, p["image_grid_thw"], p["video_grid_thw"])
+                           for p in prompts], 1).to(self.device)   # M-RoPE positions: each prompt from 0
+    rows = None if visual_mask is None else visual_mask.nonzero()[:, 0]   # indices, not a mask: graphs need no sync
+    return self.runner(h, positions, rows, deepstack, lens)
+
+# %% ../nbs/08_encoder.ipynb #2863fc14
+@patch(as_prop=True)
+def offload(self: Encoder) -> str | None:
+    "Where the weights live: None (on `device`), 'cpu' or 'layerwise' (`set_offload`)."
+    return None if self.offloader is None else self.offloader.kind
+
+@patch
+def set_offload(self: Encoder, offload: str | None, ring: int = 2) -> "Encoder":
+    ("Move the weights: None (all on `device`), 'cpu' (pinned host memory; `load_to_device`, `offload_to_cpu`) "
+     "or 'layerwise' (decoder layers streamed through `ring` device buffers, the rest on `device`).")
+    _check_placement(offload, self.mode, ring)
+    host = self.offloader.release() if self.offloader else {}   # the packed host copies are reused
+    self.offloader, self._ring = None, ring
+    self._drop_graphs()
+    resident = {"vision": self.vision, "embed_tokens": self.text.embed_tokens}
+    layers = {f"layers.{i}": m for i, m in enumerate(self.text.layers)}
+    if offload == "cpu": self.offloader = CpuOffload(resident | layers, self.device, host)
+    else:
+        for m in (resident | ({} if offload else layers)).values(): m.to(self.device)
+        if offload: self.offloader = LayerwiseOffload(self.text.layers, self.device, ring, host)
+    if self.device.type == "cuda": torch.cuda.empty_cache()   # what moved off the device is free for others
+    return self
+
+@patch
+def _cpu_offload(self: Encoder, what: str) -> CpuOffload:
+    if self.offload != "cpu":
+        raise RuntimeError(f"{what} moves the weights of an encoder with offload='cpu', this one has offload="
+                           f"{self.offload!r}: use from_pretrained(..., offload='cpu') or set_offload('cpu')")
+    return self.offloader
+
+@patch
+def load_to_device(self: Encoder) -> "Encoder":
+    "offload='cpu': copy the weights from pinned host memory to `device`, where they stay until `offload_to_cpu`."
+    self._cpu_offload("load_to_device").load_to_device()
+    return self
+
+@patch
+def offload_to_cpu(self: Encoder) -> "Encoder":
+    "offload='cpu': let the device copy of the weights go (the pinned host copy stays)."
+    self._cpu_offload("offload_to_cpu").offload_to_cpu()
+    self._drop_graphs()   # they read the device copy
+    return self
+
+@patch(as_prop=True)
+def _loaded_copy(self: Encoder) -> bool:
+    "offload='cpu' with its weights loaded to a device other than the CPU (the host copy is the one kept)."
+    return self.offload == "cpu" and self.offloader.on_device and self.device.type != "cpu"
+
+@patch
+def _drop_graphs(self: Encoder):
+    "Forget the captured CUDA graphs: they hold the addresses of weights that moved."
+    self.runner.clear(); self.vision_runner.clear()
+
+@patch
+# `.to`, `.cuda`, `.float`, `.half`, ... all go through `nn.Module._apply`, and no public hook runs after a move:
+# overriding it is the one place that sees every move (a public post-move hook on nn.Module would replace this).
+def _apply(self: Encoder, fn, recurse=True):
+    "`.to`, `.cuda`, `.float`, ... as `nn.Module`'s, keeping `device` and `dtype`; offloaded: only `device` moves."
+    if self.offloader is None:
+        nn.Module._apply(self, fn, recurse)
+        w = self.text.embed_tokens.weight
+        self.device, self.dtype = w.device, w.dtype
         self._drop_graphs()
-        resident = {"vision": self.vision, "embed_tokens": self.text.embed_tokens}
-        layers = {f"layers.{i}": m for i, m in enumerate(self.text.layers)}
-        if offload == "cpu": self.offloader = CpuOffload(resident | layers, self.device, host)
-        else:
-            for m in (resident | ({} if offload else layers)).values(): m.to(self.device)
-            if offload: self.offloader = LayerwiseOffload(self.text.layers, self.device, ring, host)
-        if self.device.type == "cuda": torch.cuda.empty_cache()   # what moved off the device is free for others
         return self
+    here = torch.empty(0, dtype=self.dtype, device=self.device)
+    to = fn(here)   # where and what `fn` makes a weight
+    if to.dtype != self.dtype:
+        raise ValueError(f"offload={self.offload!r}: the weights stay {self.dtype} in host memory; to cast them, "
+                         "set_offload(None) first, or load the encoder with that dtype")
+    if to.device != here.device:   # (cuda and cuda:0 are one device)
+        on = self._loaded_copy
+        self.device = to.device
+        self.set_offload(self.offload, self._ring)
+        if on: self.load_to_device()
+    return self
 
-    def _cpu_offload(self, what: str) -> CpuOffload:
-        if self.offload != "cpu":
-            raise RuntimeError(f"{what} moves the weights of an encoder with offload='cpu', this one has offload="
-                               f"{self.offload!r}: use from_pretrained(..., offload='cpu') or set_offload('cpu')")
-        return self.offloader
-
-    def load_to_device(self) -> "Encoder":
-        "offload='cpu': copy the weights from pinned host memory to `device`, where they stay until `offload_to_cpu`."
-        self._cpu_offload("load_to_device").load_to_device()
-        return self
-
-    def offload_to_cpu(self) -> "Encoder":
-        "offload='cpu': let the device copy of the weights go (the pinned host copy stays)."
-        self._cpu_offload("offload_to_cpu").offload_to_cpu()
-        self._drop_graphs()   # they read the device copy
-        return self
-
-    @property
-    def _loaded_copy(self) -> bool:
-        "offload='cpu' with its weights loaded to a device other than the CPU (the host copy is the one kept)."
-        return self.offload == "cpu" and self.offloader.on_device and self.device.type != "cpu"
-
-    def _drop_graphs(self):
-        "Forget the captured CUDA graphs: they hold the addresses of weights that moved."
-        self.runner.clear(); self.vision_runner.clear()
-
-    def _apply(self, fn, recurse=True):
-        "`.to`, `.cuda`, `.float`, ... as `nn.Module`'s, keeping `device` and `dtype`; offloaded: only `device` moves."
-        if self.offloader is None:
-            super()._apply(fn, recurse)
-            w = self.text.embed_tokens.weight
-            self.device, self.dtype = w.device, w.dtype
-            self._drop_graphs()
-            return self
-        here = torch.empty(0, dtype=self.dtype, device=self.device)
-        to = fn(here)   # where and what `fn` makes a weight
-        if to.dtype != self.dtype:
-            raise ValueError(f"offload={self.offload!r}: the weights stay {self.dtype} in host memory; to cast them, "
-                             "set_offload(None) first, or load the encoder with that dtype")
-        if to.device != here.device:   # (cuda and cuda:0 are one device)
-            on = self._loaded_copy
-            self.device = to.device
-            self.set_offload(self.offload, self._ring)
-            if on: self.load_to_device()
-        return self
-
-    def load_weights(self, pairs: Iterable) -> "Encoder":
-        ("Fill the encoder from `(HF name, tensor)` pairs of any source, checked as `from_pretrained` checks a "
-         "checkpoint: each tensor known, once, of the right shape, and none missing (the same message).")
-        want, seen = checkpoint_tensors(self), set()
-        def named():
-            for name, t in pairs:
-                seen.add(checkpoint_name(name)); yield name, t
-        reload = self._loaded_copy
-        if reload: self.offload_to_cpu()   # fill the host copy, the one that is kept
-        try: load_weights(self, named())
-        except RuntimeError:   # a parameter not filled: name the missing tensors as from_pretrained does
-            if missing := sorted(want.keys() - seen): raise ValueError(_missing_message(missing, want)) from None
-            raise
-        finally:
-            if self.offload == "layerwise": self.offloader.invalidate()   # the ring holds copies of the old weights
-            if reload: self.load_to_device()
-        return self
-
-    @_serialised
-    @torch.inference_mode()
-    def forward(self, input_ids: torch.Tensor, pixel_values=None, image_grid_thw=None,
-                pixel_values_videos=None, video_grid_thw=None, output_device="cpu", **processor) -> torch.Tensor:
-        "`encode` as a module call: `enc(...)` runs the module's hooks around it (accelerate's offload hooks too)."
-        return self._forward([as_prompt(self.cfg, input_ids, pixel_values, image_grid_thw, pixel_values_videos,
-                                        video_grid_thw, **processor)], output_device)[0]
-
-    def encode(self, input_ids: torch.Tensor, pixel_values=None, image_grid_thw=None,
-               pixel_values_videos=None, video_grid_thw=None, output_device="cpu", **processor) -> torch.Tensor:
-        ("The unnormalized state after decoder layer `selected_layer-1`: [seq, hidden] in the model dtype, on the CPU "
-         "or `output_device` (this encoder's device). `input_ids` [seq] or [1, seq]; `processor`: an HF processor's "
-         "`attention_mask`, `mm_token_type_ids`.")
-        return self(input_ids, pixel_values, image_grid_thw, pixel_values_videos, video_grid_thw, output_device,
-                    **processor)
-
-    @_serialised
-    @torch.inference_mode()
-    def encode_batch(self, prompts: list[dict], output_device="cpu") -> list[torch.Tensor]:
-        ("`encode` of each prompt (a dict of `encode`'s arguments), as one packed forward: the prompts concatenated, "
-         "each attending only to itself, no padding. Returns [seq_i, hidden] each, on `output_device`.")
-        if isinstance(prompts, dict) or not len(prompts):
-            raise ValueError("encode_batch takes a non-empty list of prompts, each a dict of encode's arguments")
-        return self._forward([as_prompt(self.cfg, **p) for p in prompts], output_device)
-
-    @contextlib.contextmanager
-    def _weights_placed(self):
-        "Within: the weights where the model reads them (offload='cpu', offloaded: on the device for this call only)."
-        o = self.offloader
-        lend = self.offload == "cpu" and not o.on_device
-        if lend: o.load_to_device()
-        try:
-            with no_graphs(self.runner, self.vision_runner) if lend else contextlib.nullcontext(): yield   # no graphs
-        except BaseException:
-            if self.offload == "layerwise": o.unbind()   # a pass that raised half-way left a layer in the ring
-            raise
-        finally:
-            if lend: o.offload_to_cpu()
-
-    def _output_device(self, where) -> torch.device:
-        "`output_device` checked: the CPU or this encoder's device (`cuda` names any index of it); else `ValueError`."
-        try: d = torch.device(where)
-        except (RuntimeError, TypeError): d = None
-        if d is None or d.type != "cpu" and (d.type != self.device.type or d.index not in (None, self.device.index)):
-            raise ValueError(f"output_device={where!r}: choose 'cpu' or this encoder's device ({self.device}); "
-                             "move the result yourself to put it anywhere else")
-        return self.device if d.type == self.device.type else d
-
-    def _forward(self, prompts: list[dict], output_device="cpu") -> list[torch.Tensor]:
-        "Checked prompts -> their states on `output_device`: one embedding, vision and decoder pass over them packed."
-        to, lens = self._output_device(output_device), [len(p["input_ids"]) for p in prompts]
-        with self._weights_placed(): out = self._run(prompts, lens)
-        out = self.to_host(out) if to.type == "cpu" else out.clone()   # a graph's output is overwritten by the next
-        return list(out.split(lens))
-
-    def _run(self, prompts: list[dict], lens: list[int]) -> torch.Tensor:
-        "`_forward` with the weights placed (`lens`: the prompts' lengths): the packed states, on the device."
-        ids = torch.cat([p["input_ids"] for p in prompts]).to(self.device, torch.long)
-        h = self.text.embed_tokens(ids)
-        image_mask, video_mask = placeholder_masks(ids, self.cfg)
-        deep = {}
-        for kind, pv, grid, mask in (("image", "pixel_values", "image_grid_thw", image_mask),
-                                     ("video", "pixel_values_videos", "video_grid_thw", video_mask)):
-            have = [p for p in prompts if p[pv] is not None]
-            if not have: continue   # the prompts' images (videos) in order: one vision tower call for all of them
-            pixels = have[0][pv] if len(have) == 1 else torch.cat([p[pv] for p in have])
-            grids = (have[0][grid] if len(have) == 1
-                     else torch.cat([torch.as_tensor(p[grid]).reshape(-1, 3) for p in have]))
-            merged, deep[kind] = self.vision_runner(pixels.to(self.device), grids)
-            h = scatter_visual(h, mask, merged)
-        visual_mask, deepstack = merge_deepstack(image_mask, video_mask, deep.get("image"), deep.get("video"))
-        positions = torch.cat([rope_index(p["input_ids"].long(), self.cfg, p["image_grid_thw"], p["video_grid_thw"])
-                               for p in prompts], 1).to(self.device)   # M-RoPE positions: each prompt from 0
-        rows = None if visual_mask is None else visual_mask.nonzero()[:, 0]   # indices, not a mask: graphs need no sync
-        return self.runner(h, positions, rows, deepstack, lens)
+# %% ../nbs/08_encoder.ipynb #cf3659fd
+@patch
+def load_weights(self: Encoder, pairs: Iterable) -> "Encoder":
+    ("Fill the encoder from `(HF name, tensor)` pairs of any source, checked as `from_pretrained` checks a "
+     "checkpoint: each tensor known, once, of the right shape, and none missing (the same message).")
+    want, seen = checkpoint_tensors(self), set()
+    def named():
+        for name, t in pairs:
+            seen.add(checkpoint_name(name)); yield name, t
+    reload = self._loaded_copy
+    if reload: self.offload_to_cpu()   # fill the host copy, the one that is kept
+    try: fill_weights(self, named())
+    except RuntimeError:   # a parameter not filled: name the missing tensors as from_pretrained does
+        if missing := sorted(want.keys() - seen): raise ValueError(_missing_message(missing, want)) from None
+        raise
+    finally:
+        if self.offload == "layerwise": self.offloader.invalidate()   # the ring holds copies of the old weights
+        if reload: self.load_to_device()
+    return self

@@ -126,16 +126,16 @@ class Fp8RowParallelLinear(RowSum, nn.Module):
     def __init__(self, lin: RowParallelLinear, granularity: str = "channel", act: str = "token"):
         super().__init__()
         check_fp8_modes(granularity, act)
-        self.group, self.reduce = lin.group, lin.reduce
+        self.group, self.reduce, self.sums = lin.group, lin.reduce, lin.sums   # `sums`: fast mode's, if it gave one
         self.granularity, self.act, self.bias = granularity, act, lin.bias
         w, s = quantize_weight(lin.weight.data, granularity, lin.group)   # MAX over the group: the full row's scale
         self.weight = nn.Parameter(w, requires_grad=False)
         self.register_buffer("weight_scale", s)
 
     def partial(self, x: torch.Tensor) -> torch.Tensor:
-        "This rank's term: FP8 GEMM of its columns, out in fp32 for `fp32-partials`, else in `x.dtype`."
-        fp32_partials = self.reduce == "fp32-partials" and self.group.size > 1
-        return fp8_linear(x, self.weight, self.weight_scale, self.act, torch.float32 if fp32_partials else x.dtype)
+        "This rank's term: FP8 GEMM of its columns, out in the reduce mode's partial dtype (fp32 for `fp32-partials`)."
+        out = self.mode.partial_dtype(x.dtype, self.group.size)
+        return fp8_linear(x, self.weight, self.weight_scale, self.act, out)
 
     def extra_repr(self):
         return f"tp={self.group.size}, reduce={self.reduce}, granularity={self.granularity}, act={self.act}"
@@ -157,5 +157,4 @@ def quantize_model_(model: nn.Module, granularity: str = "channel", act: str = "
                 raise ValueError(f"{name} is already FP8 ({old.extra_repr()}): quantize a model once")
             setattr(layer.get_submodule(parent), leaf, FP8_LAYERS[plan.style](old, granularity, act))
             del old
-        layer.stages = None   # stages compiled before would still run the bf16 projections
     return model

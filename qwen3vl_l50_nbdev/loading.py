@@ -4,10 +4,11 @@
 
 # %% auto #0
 __all__ = ['ROOTS', 'SKIPPED', 'RENAMES', 'FLOAT_DTYPES', 'checkpoint_name', 'map_name', 'source_name', 'sharding_rule',
-           'param_splits', 'full_shape', 'fill_', 'Target', 'checkpoint_tensors', 'load_weights', 'Entry',
-           'check_checkpoint', 'load_checkpoint', 'unshard']
+           'param_splits', 'full_shape', 'fill_', 'Target', 'checkpoint_tensors', 'check_weight', 'load_weights',
+           'Entry', 'check_checkpoint', 'load_checkpoint', 'unshard']
 
 # %% ../nbs/07_loading.ipynb #cda0f2ac
+import contextlib
 import json
 import re
 from collections import defaultdict
@@ -19,6 +20,7 @@ import torch.nn as nn
 from safetensors import safe_open, SafetensorError
 from tqdm import tqdm
 from .text import TP_PLAN
+from .dist import Group
 from .config import path_exists, read_json, is_int
 
 # %% ../nbs/07_loading.ipynb #40148614
@@ -137,27 +139,48 @@ def _depth(model: nn.Module) -> int:
     "The decoder layers `model` keeps (its `text.layers`), the `selected_layer` it is loaded for."
     return len(model.get_submodule("text.layers")) if hasattr(model, "text") else 0
 
-def load_weights(model: nn.Module, pairs: Iterable, selected_layer: int | None = None) -> nn.Module:
-    ("Fill `model` (an encoder: children `text` and/or `vision`) from `(HF name, tensor)` pairs; "
-     "every TP layer copies its slice.")
-    N = _depth(model) if selected_layer is None else selected_layer
-    params, modules, filled = dict(model.named_parameters()), dict(model.named_modules()), defaultdict(set)
-    with torch.no_grad():
-        for name, t in pairs:
-            if (m := map_name(name, N)) is None: continue
-            dst, split = m
-            if dst not in params:
-                raise ValueError(f"checkpoint tensor {name} maps to {dst}, which the model does not have")
-            if split in filled[dst]:
-                raise ValueError(f"checkpoint tensor {name} was given twice: each tensor must come once")
-            owner, _, leaf = dst.rpartition(".")
-            if (want := full_shape(modules[owner], leaf, split)) != tuple(t.shape):
-                raise ValueError(f"{name} has shape {list(t.shape)} but "
-                                 f"{dst}{'' if split is None else f' split {split}'} "
-                                 f"is a slice of {list(want)}: was the model built from another config?")
-            fill_(modules[owner], leaf, split, t)
-            filled[dst].add(split)
+FLOAT_DTYPES = ("BF16", "F16", "F32", "F64")   # safetensors' names of the weight dtypes loaded (cast on load)
+_NAMES = {torch.bfloat16: "BF16", torch.float16: "F16", torch.float32: "F32", torch.float64: "F64", torch.int8: "I8",
+          torch.uint8: "U8", torch.int16: "I16", torch.int32: "I32", torch.int64: "I64", torch.bool: "BOOL"}
+
+def check_weight(name: str, dtype, values: torch.Tensor | None = None, where: str = ""):
+    ("Raise `ValueError` unless checkpoint tensor `name` (`where`: in which file) can be a weight: `dtype` (torch's, "
+     "or safetensors' name) one of `FLOAT_DTYPES`, and `values`, when given, finite.")
+    dtype = _NAMES.get(dtype, str(dtype).removeprefix("torch.")) if isinstance(dtype, torch.dtype) else dtype
+    if dtype not in FLOAT_DTYPES:
+        raise ValueError(f"{name} is {dtype}{where}: weights must be one of {list(FLOAT_DTYPES)}; an integer tensor is "
+                         "quantized or corrupt, not a weight (FP8: load the bf16 weights with quant='fp8')")
+    if values is not None and not bool(torch.isfinite(values).all()):
+        n = int((~torch.isfinite(values)).sum())
+        raise ValueError(f"{name}{where} holds {n:,} NaN or Inf value(s) (of {values.numel():,}): one makes every "
+                         "output row NaN; the weights are corrupt: copy or download them again")
+
+def _plan(model: nn.Module, pairs: Iterable, N: int) -> list[tuple]:
+    "Every pair checked and placed (module, leaf, split, tensor), and none missing; nothing is written."
+    params, modules, filled, plan = dict(model.named_parameters()), dict(model.named_modules()), defaultdict(set), []
+    for name, t in pairs:
+        if (m := map_name(name, N)) is None: continue
+        dst, split = m
+        if dst not in params: raise ValueError(f"checkpoint tensor {name} maps to {dst}, which the model does not have")
+        if split in filled[dst]:
+            raise ValueError(f"checkpoint tensor {name} was given twice: each tensor must come once")
+        owner, _, leaf = dst.rpartition(".")
+        if (want := full_shape(modules[owner], leaf, split)) != tuple(t.shape):
+            raise ValueError(f"{name} has shape {list(t.shape)} but {dst}{'' if split is None else f' split {split}'} "
+                             f"is a slice of {list(want)}: was the model built from another config?")
+        if isinstance(t, torch.Tensor): check_weight(name, t.dtype, t)   # a `_Slice` checks itself as it is read
+        filled[dst].add(split); plan.append((modules[owner], leaf, split, t))
     _check_complete(model, filled)
+    return plan
+
+def load_weights(model: nn.Module, pairs: Iterable, selected_layer: int | None = None,
+                 progress: str | None = None) -> nn.Module:
+    ("Fill `model` (an encoder: children `text` and/or `vision`) from `(HF name, tensor)` pairs, all or nothing: "
+     "every pair is checked before the first is written; every TP layer copies its slice (`progress`: a bar's title).")
+    plan = _plan(model, pairs, _depth(model) if selected_layer is None else selected_layer)
+    with torch.no_grad():
+        for mod, leaf, split, t in tqdm(plan, desc=progress, unit="tensor", disable=progress is None):
+            fill_(mod, leaf, split, t)
     return model
 
 # %% ../nbs/07_loading.ipynb #d24cf943
@@ -229,8 +252,6 @@ def _headers(files: list[Path], weight_map: dict | None = None) -> dict[str, Ent
     return out
 
 # %% ../nbs/07_loading.ipynb #51fb790a
-FLOAT_DTYPES = ("BF16", "F16", "F32", "F64")   # safetensors' names of the weight dtypes loaded (cast on load)
-
 def _missing_message(missing: list[str], want: dict[str, Target]) -> str:
     "Each missing checkpoint tensor, and the parameter (and fused split) it was to fill."
     one = lambda k: (f"{k} (for {want[k].param})" if want[k].split is None
@@ -253,10 +274,7 @@ def check_checkpoint(path, model: nn.Module) -> dict[str, Entry]:
         raise ValueError(f"{path}'s tensors cover {n} decoder layers but selected_layer={N} needs {N}: "
                          f"choose selected_layer <= {n}")
     needed, want = {k: e for k, e in entries.items() if map_name(k, N) is not None}, checkpoint_tensors(model)
-    if bad := [f"{k} is {e.dtype} in {e.file.name}" for k, e in needed.items() if e.dtype not in FLOAT_DTYPES]:
-        raise ValueError(f"{len(bad)} tensor(s) of a dtype the encoder does not load ({'; '.join(bad[:5])}): weights "
-                         f"must be one of {list(FLOAT_DTYPES)}; an integer tensor is quantized or corrupt, "
-                         "not a weight")
+    for k, e in needed.items(): check_weight(k, e.dtype, where=f" in {e.file.name}")   # the values: as read
     if missing := sorted(want.keys() - needed.keys()): raise ValueError(_missing_message(missing, want))
     if extra := sorted(needed.keys() - want.keys()):
         raise ValueError(f"{len(extra)} checkpoint tensor(s) that the model does not have: {extra[:5]}: "
@@ -268,28 +286,39 @@ def check_checkpoint(path, model: nn.Module) -> dict[str, Entry]:
 
 # %% ../nbs/07_loading.ipynb #f406599d
 class _Slice:
-    "An unread checkpoint tensor: `narrow` (what `tp.shard` calls) reads only the rows or columns asked for."
-    def __init__(self, sl, stats: dict): self.sl, self.stats, self.shape = sl, stats, torch.Size(sl.get_shape())
+    ("An unread checkpoint tensor `name` (`where`: in which file): `narrow` (what `tp.shard` calls) reads only the "
+     "rows or columns asked for, and checks them (`check_weight`).")
+    def __init__(self, sl, stats: dict, name: str = "tensor", where: str = ""):
+        self.sl, self.stats, self.shape, self.name, self.where = sl, stats, torch.Size(sl.get_shape()), name, where
     def narrow(self, dim: int, start: int, length: int) -> torch.Tensor:
         return self._read((slice(None),) * dim + (slice(start, start + length),))
     def read(self) -> torch.Tensor: return self._read((slice(None),))
     def _read(self, idx) -> torch.Tensor:
         t = self.sl[idx]
         self.stats["tensors_read"] += 1; self.stats["bytes_read"] += t.nbytes
+        check_weight(self.name, t.dtype, t, self.where)
         return t
 
 # %% ../nbs/07_loading.ipynb #0e535aac
-def load_checkpoint(model: nn.Module, path, progress: bool = True) -> dict:
-    "Fill `model` from an HF checkpoint dir, each TP layer reading only its slice; returns what was read."
-    entries, by_file = check_checkpoint(path, model), defaultdict(list)
-    for k, e in entries.items(): by_file[e.file].append(k)
-    stats = dict(files=len(by_file), tensors_read=0, bytes_read=0)
-    def pairs():
-        for file in tqdm(sorted(by_file), desc=f"loading {Path(path).name}", unit="shard", disable=not progress):
-            with safe_open(file, "pt") as f:
-                for k in by_file[file]: yield k, _Slice(f.get_slice(k), stats)
-    load_weights(model, pairs())
+def load_checkpoint(model: nn.Module, path, progress: bool = True, group: Group | None = None) -> dict:
+    ("Fill `model` from an HF checkpoint dir, each TP layer reading only its slice; returns what was read. `group`: "
+     "the ranks loading it, which then fail together.")
+    entries = check_checkpoint(path, model)
+    files, err = sorted({e.file for e in entries.values()}), None
+    stats = dict(files=len(files), tensors_read=0, bytes_read=0)
+    with contextlib.ExitStack() as stack:
+        opened = {f: stack.enter_context(safe_open(f, "pt")) for f in files}
+        pairs = [(k, _Slice(opened[e.file].get_slice(k), stats, k, f" in {e.file.name}")) for k, e in entries.items()]
+        try: load_weights(model, pairs, progress=f"loading {Path(path).name}" if progress else None)
+        except ValueError as e: err = e   # a bad value in this rank's slice
+    if group is not None and group.size > 1:
+        flag = torch.tensor([float(err is not None)], device=next(model.parameters()).device)
+        if group.all_reduce(flag, op="max").item() and err is None:
+            raise ValueError(f"another rank of the group {list(group.ranks)} could not load its slice of {path} "
+                             "(its message says which tensor)")
+    if err is not None: raise err
     return stats
+
 
 # %% ../nbs/07_loading.ipynb #8a9c8944
 def unshard(models: list[nn.Module]) -> dict[str, torch.Tensor]:

@@ -10,7 +10,6 @@ __all__ = ['fake_group', 'synthetic_inputs', 'make_tiny_checkpoint', 'hf_shapes'
 # %% ../nbs/13_testing.ipynb #b8fa3892
 import os
 import json
-import zlib
 import shutil
 from functools import lru_cache
 from pathlib import Path
@@ -19,7 +18,7 @@ import torch.nn as nn
 from safetensors.torch import load_file, save_file
 from .config import EncoderConfig
 from .dist import Group, encoder_group
-from .metrics import diff_row
+from .metrics import diff_row, checksum
 from .rope import mm_token_types
 from .tp import REDUCE_MODES, shard, VocabParallelEmbedding, ColumnParallelLinear, RowParallelLinear
 
@@ -164,7 +163,7 @@ def check_primitives(seed: int = 0) -> dict:
         y = row(shard(h, 1, g.rank, g.size))
         if y.dtype != torch.bfloat16: raise TypeError(f"reduce={mode}: output {y.dtype}, not the input's bf16")
         out[mode] = diff_row(y, ref)["rel_l2"]
-        out[f"{mode} crc32"] = zlib.crc32(y.view(torch.int16).numpy().tobytes())   # the same on every rank: replicated
+        out[f"{mode} crc32"] = checksum(y)   # the same on every rank: replicated
     return out
 
 # %% ../nbs/13_testing.ipynb #fa0fb1fd

@@ -318,3 +318,105 @@ def test_demo_shows_the_photograph():
                  "56 placeholder tokens", "<|vision_start|><|image_pad|>×56<|vision_end|>Describe this photograph",
                  "output: hidden_states [87, 64] bf16, mean", "PASS rule exact (tp=1)"):
         assert want in r.stdout, (want, r.stdout)
+
+
+def test_fifo_is_refused_not_waited_on(real, tmp_path):
+    "A FIFO as --image or --inputs is refused before it is opened (it used to wait for a writer forever)."
+    model, _ = real
+    os.mkfifo(fifo := tmp_path / "pipe.png")
+    for args, what in ((["--prompt", "hi", "--image", str(fifo)], "image"), (["--inputs", str(fifo)], "--inputs")):
+        p = subprocess.Popen([sys.executable, "-m", "qwen3vl_l50_nbdev.cli", "encode", "--model", str(model),
+                              "--layer", "3", "--out", str(tmp_path / "o.safetensors"), *args],
+                             env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        try: out, err = p.communicate(timeout=120)
+        except subprocess.TimeoutExpired:
+            p.kill(); p.communicate()
+            pytest.fail(f"encode {' '.join(args)} still running after 120 s: it opened the FIFO and waits on it")
+        assert p.returncode == 2 and f"{what} {fifo} is a FIFO (named pipe), not a regular file" in err, err
+        assert "Traceback" not in err
+
+
+def _tree(pid: int) -> list[int]:
+    "`pid`'s descendants (children, their children, ...)."
+    kids = _workers(pid)
+    return kids + [g for k in kids for g in _tree(k)]
+
+
+def _alive(pid: int) -> bool:
+    try: stat = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
+    except OSError: return False
+    return stat[0] != "Z"   # a zombie has ended
+
+
+def _until(p, want: str, text: list, limit: float = 120):
+    "Read `p`'s stderr (in a thread, into `text`) until it says `want`."
+    import threading
+    threading.Thread(target=lambda: text.extend(iter(lambda: p.stderr.read(1), "")), daemon=True).start()
+    t0 = time.monotonic()
+    while want not in "".join(text) and p.poll() is None and time.monotonic() - t0 < limit: time.sleep(0.05)
+    assert want in "".join(text), "".join(text)[-3000:]
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_signal_stops_nproc_and_its_ranks(sig, ckpt, tmp_path):
+    "`encode --nproc 2` sent SIGINT / SIGTERM (it alone, as a scheduler does): torchrun and the ranks stop, no output."
+    long = synthetic_inputs(EncoderConfig.from_hf(ckpt, 3), text_len=6000, seed=5)
+    save_file(long, f := tmp_path / "long.safetensors")
+    p = subprocess.Popen([sys.executable, "-m", "qwen3vl_l50_nbdev.cli", "encode", "--nproc", "2", "--model", str(ckpt),
+                          "--layer", "3", "--inputs", str(f), "--out", str(tmp_path / "o.safetensors")],
+                         env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        err = []
+        _until(p, "loading", err)   # rank 0 is loading the weights: every process is up
+        procs = _tree(p.pid)
+        assert len(procs) >= 3, procs   # torchrun and two ranks
+        os.kill(p.pid, sig)
+        try: rc = p.wait(timeout=120)
+        except subprocess.TimeoutExpired: pytest.fail("the launcher did not end within 120 s of the signal")
+        time.sleep(1)
+        assert not [q for q in procs if _alive(q)], "torchrun or a rank outlived the launcher"
+        time.sleep(5)   # a rank left running would write the output by now
+        assert sorted(x.name for x in tmp_path.iterdir()) == ["long.safetensors"], list(tmp_path.iterdir())
+        assert rc == 128 + sig, ("".join(err))[-3000:]   # the shell's code for it, as an exit code
+    finally:
+        try: os.killpg(p.pid, signal.SIGKILL)
+        except ProcessLookupError: pass
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_interrupted_encode_says_one_line(sig, ckpt, tmp_path):
+    "Ctrl-C (or SIGTERM) of a one-process encode: exit 130 (143), one line, no traceback, no output."
+    long = synthetic_inputs(EncoderConfig.from_hf(ckpt, 3), text_len=6000, seed=5)
+    save_file(long, f := tmp_path / "long.safetensors")
+    p = subprocess.Popen([sys.executable, "-m", "qwen3vl_l50_nbdev.cli", "encode", "--model", str(ckpt), "--layer", "3",
+                          "--inputs", str(f), "--out", str(tmp_path / "o.safetensors")],
+                         env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    err = []
+    try:
+        _until(p, "loading", err)   # in main: the weights are being read
+        os.kill(p.pid, sig)
+        rc = p.wait(timeout=120)
+    finally:
+        if p.poll() is None: p.kill()
+    time.sleep(0.5)
+    text = "".join(err)
+    assert "Traceback" not in text, text
+    assert rc == 128 + sig and f"qwen3vl-l50 encode: interrupted by {signal.Signals(sig).name}" in text, text
+    assert sorted(x.name for x in tmp_path.iterdir()) == ["long.safetensors"]
+
+
+def test_nan_in_one_ranks_slice_fails_every_rank(ckpt, inputs, tmp_path):
+    "A NaN that only rank 1 reads (its half of a column-parallel weight): every rank stops, exit 2, nothing written."
+    from qwen3vl_l50_nbdev.testing import broken_checkpoint
+    k = "model.language_model.layers.1.mlp.up_proj.weight"
+    files = {f.name: load_file(f) for f in ckpt.glob("*.safetensors")}
+    where, sd = next((n, d) for n, d in files.items() if k in d)
+    bad = broken_checkpoint(ckpt, tmp_path / "nan", lambda d: None)
+    sd[k] = sd[k].clone(); sd[k][-1, 0] = float("nan")   # the last row: rank 1's half
+    save_file(sd, bad / where, metadata={"format": "pt"})
+    r = subprocess.run([sys.executable, "-m", "qwen3vl_l50_nbdev.cli", "encode", "--nproc", "2", "--model", str(bad),
+                        "--layer", "3", "--inputs", str(inputs[0]), "--out", str(out := tmp_path / "o.safetensors")],
+                       env=ENV, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 2, r.stderr[-3000:]
+    assert f"{k} in {where} holds 1 NaN or Inf value(s)" in r.stderr and "another rank of the group" in r.stderr
+    assert not out.exists()

@@ -10,7 +10,7 @@ import pandas as pd
 import pytest
 
 from qwen3vl_l50_nbdev.cli import main, parser
-from qwen3vl_l50_nbdev.analysis import validate as V
+from qwen3vl_l50_nbdev import validate as V
 from qwen3vl_l50_nbdev.inputs import sample_photo
 
 ENV = os.environ | {"OMP_NUM_THREADS": "1"}

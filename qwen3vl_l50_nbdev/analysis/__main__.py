@@ -17,7 +17,7 @@ from ..dist import init_world
 from ..tp import REDUCE_MODES
 from .weights import QUANTS, Massive, massive_channels, make_prompts, small_config
 from .sweep import sweep
-from .report import error_table, provenance
+from .report import error_table, provenance, write_csv
 
 # %% ../../nbs/analysis/00c_runner.ipynb #427411cb
 def _parser() -> argparse.ArgumentParser:
@@ -73,10 +73,7 @@ def main(argv=None) -> int:
                                                       massive_channels=str(massive.channels),
                                                       massive_scale=massive.scale)
             out = Path(a.out) / f"{a.name or ('full' if a.full else 'small')}_tp{'-'.join(map(str, tps))}.csv"
-            out.parent.mkdir(parents=True, exist_ok=True)
-            df.assign(**meta).to_csv(out, index=False, float_format="%.9g")
-            print(f"wrote {len(df)} rows to {out}\n", error_table(df).to_string(float_format="{:.3e}".format),
-                  flush=True)
+            write_csv(df, out, meta, "%.9g", error_table(df).to_string(float_format="{:.3e}".format))
     finally:
         if dist.is_initialized(): dist.destroy_process_group()
     return 0
