@@ -6,7 +6,6 @@
 __all__ = ['references', 'reference_rows', 'measure', 'sweep']
 
 # %% ../../nbs/analysis/00a_sweep.ipynb #036f9ea9
-import contextlib
 import time
 import torch
 import torch.distributed as dist
@@ -16,21 +15,15 @@ from ..dist import Group, encoder_group
 from ..tp import REDUCE_MODES
 from .weights import (Massive, massive_channels, build, set_reduce_, collect, layer_errors,
                                                 peak_ratio)
+from ..metrics import no_tf32
+
 
 # %% ../../nbs/analysis/00a_sweep.ipynb #5b2c42ce
-@contextlib.contextmanager
-def _no_tf32():
-    "fp32 matmuls and convolutions in full fp32 (cuDNN allows TF32 by default); restored on exit."
-    old = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
-    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
-    try: yield
-    finally: torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = old
-
 def references(cfg: EncoderConfig, prompts: dict, massive: Massive, variants=(False, True), dtypes=(torch.float32,),
                seed: int = 0, device=None) -> dict:
     "`{(dtype name, with massive?): {prompt: per-layer states}}` from the TP=1 encoder in each of `dtypes`."
     out = {}
-    with _no_tf32():
+    with no_tf32():
         for m in variants:
             for dt in dtypes:   # one model at a time: at full size the fp32 one takes 96 GiB
                 enc = build(cfg, Group.local(), dt, device, seed, massive if m else None)

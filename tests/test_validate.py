@@ -1,0 +1,194 @@
+"`qwen3vl-l50 validate` end to end: TP 1 and 2 on gloo, pictures and videos, every verdict path, bad input first."
+import json
+import os
+import re
+import subprocess
+import sys
+from argparse import Namespace
+
+import pandas as pd
+import pytest
+
+from qwen3vl_l50_nbdev.cli import main, parser
+from qwen3vl_l50_nbdev import validate as V
+from qwen3vl_l50_nbdev.inputs import sample_photo
+
+ENV = os.environ | {"OMP_NUM_THREADS": "1"}
+CLI = [sys.executable, "-m", "qwen3vl_l50_nbdev.cli"]
+
+
+@pytest.fixture(scope="module")
+def ckpt(tmp_path_factory):
+    "A tiny checkpoint with Qwen's vocabulary (real prompts tokenize), 4 decoder layers."
+    d = tmp_path_factory.mktemp("model") / "m"
+    assert main(["make-tiny", str(d), "--real-vocab"]) == 0
+    return d
+
+
+@pytest.fixture(scope="module")
+def prompts(tmp_path_factory):
+    "A prompts file: a photograph, an MP4 clip (PyAV), an animated GIF, text alone; the paths relative to the file."
+    import av
+    import numpy as np
+    from PIL import Image
+    d = tmp_path_factory.mktemp("prompts")
+    photo = Image.open(sample_photo()).resize((40, 48))
+    photo.save(d / "photo.png")
+    clip = [np.asarray(photo.crop((i, i, 32 + i, 32 + i))) for i in range(4)]
+    with av.open(str(d / "clip.mp4"), "w") as box:
+        s = box.add_stream("libx264", rate=4)
+        s.width, s.height, s.pix_fmt = 32, 32, "yuv420p"
+        for f in clip: box.mux(s.encode(av.VideoFrame.from_ndarray(f, format="rgb24")))
+        box.mux(s.encode())
+    frames = [Image.fromarray(f) for f in clip]
+    frames[0].save(d / "spin.gif", save_all=True, append_images=frames[1:], duration=250, loop=0)
+    lines = [dict(id="photo", text="A portrait of a naval officer.", images=["photo.png"]),
+             dict(id="mp4", text="What happens in the clip?", videos=["clip.mp4"]),
+             dict(id="gif", text="And in this one?", videos=["spin.gif"], images=["photo.png"]),
+             dict(text="A lighthouse at dusk.")]
+    (d / "p.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
+    return d / "p.jsonl"
+
+
+def args(ckpt, prompts, out, **kw) -> Namespace:
+    "validate's parsed options, as the command line would give them."
+    flags = [f"--{k.replace('_', '-')}={v}" for k, v in kw.items()]
+    return parser().parse_args(["validate", "--model", str(ckpt), "--prompts", str(prompts), "--out", str(out),
+                                "--max-pixels", "4096", *flags])
+
+
+def test_tp_1_and_2_on_gloo(ckpt, prompts, tmp_path):
+    "`--nproc 2 --tp 1,2`: TP 1 bitwise HF bf16 at every layer, TP 2 (both reductions) within 1.25x; the report."
+    out = tmp_path / "r"
+    r = subprocess.run([*CLI, "validate", "--nproc", "2", "--model", str(ckpt), "--prompts", str(prompts),
+                        "--out", str(out), "--tp", "1,2", "--reduce", "fp32,bf16", "--max-pixels", "4096"],
+                       env=ENV, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stdout + r.stderr[-3000:]
+    assert "PASS: every variant within the numerics contract" in r.stdout, r.stdout
+    assert "variants x prompts" in r.stderr   # the progress bar, once (rank 0)
+    df = V.load_results(out)
+    test_variants = ["tp1 exact", "tp2 fp32-reduce exact", "tp2 bf16-reduce exact"]
+    assert list(dict.fromkeys(df.variant)) == [V.HF_BF16, *test_variants]
+    assert set(df.prompt) == {"photo", "mp4", "gif", "4"} and set(df.kind) == {"accumulated", "local", "output"}
+    assert df[df.variant == "tp1 exact"].bitwise_hf.all()
+    assert not df[df.variant.str.startswith("tp2") & (df.kind == "output")].bitwise_hf.all()   # TP 2: other sums
+    v = V.verdicts(df)
+    assert v.passed.all() and (v[v.rule == "tp>1"].worst_ratio <= 1.25).all(), v
+    assert df.world.eq(2).all() and df.checkpoint_sha.nunique() == 1 and df.command.str.contains("validate").all()
+    assert len(str(df.peak_gib_ranks.iloc[-1]).split(";")) == 2   # a peak per rank
+    assert {p.name for p in out.iterdir()} == {"results.csv", "report.html", "report.ipynb"}
+    nb = json.loads((out / "report.ipynb").read_text())
+    assert any("image/png" in o.get("data", {}) for c in nb["cells"] for o in c.get("outputs", []))
+
+
+def test_verdict_paths_in_process(ckpt, prompts, tmp_path, capsys):
+    "A layer made deliberately wrong: exact names its first differing layer, fast fails 1.1x; FP8 passes; exit 1."
+    def wrong(enc, v):
+        if v.quant == "none": enc.text.layers[2].mlp.down_proj.weight.data.mul_(1.5)
+    a = args(ckpt, prompts, tmp_path / "bad", mode="exact,fast", quant="none,fp8")
+    assert V.run_validate(a, perturb=wrong) == 1
+    out = capsys.readouterr().out
+    assert "FAIL tp1 exact: bitwise equal to HF bf16 at every layer; worst prompts: photo (layer 3 accumulated" in out
+    assert re.search(r"FAIL tp1 fast: rel L2 <= 1.1 x HF bf16's own; worst prompts: \w+ \(\d+\.\d\dx\)", out), out
+    assert "FAIL: 2 of 4 variant(s) outside the contract" in out
+    v = V.verdicts(V.load_results(tmp_path / "bad"))
+    assert v.passed.tolist() == [False, False, True, True], v
+    assert (tmp_path / "bad" / "report.html").read_text().count('class="fail">FAIL') == 2
+
+
+def _rows(variant: V.Variant, rels: dict, bitwise: bool = True) -> list[dict]:
+    "Output rows of `variant` with rel L2 `rels[prompt]`."
+    name = V.HF_BF16 if variant.mode == "hf" else variant.name
+    return [dict(variant=name, **variant._asdict(), prompt=p, kind="output", layer=3, rel_l2=x, cosine=1.0,
+                 max_abs=0.1, bitwise_hf=bitwise, max_abs_hf=0.0, time_s=0.01, peak_gib=1.0) for p, x in rels.items()]
+
+
+@pytest.mark.parametrize("variant,bound", [(V.Variant(mode="fast"), 1.1), (V.Variant(2, "fp32"), 1.25),
+                                           (V.Variant(2, "bf16", mode="fast"), 1.25),
+                                           (V.Variant(quant="fp8", granularity="tensor"), 16),
+                                           (V.Variant(4, "fp32", "fp8", "channel", "fast"), 16)])
+def test_every_rule_at_its_bound(variant, bound):
+    "Each rule passes just inside its bound and fails just outside, naming the worst prompt; exact: the bits."
+    hf = _rows(V.Variant(mode="hf"), dict(a=0.01, b=0.02))
+    for x, ok in ((0.999 * bound, True), (1.001 * bound, False)):   # b is well inside: a decides, and is named
+        v = V.verdicts(pd.DataFrame(hf + _rows(variant, dict(a=0.01 * x, b=0.02))))
+        assert v.passed.tolist() == [ok] and v.worst_prompts[0].startswith(f"a ({x:.2f}x)"), (x, v)
+    exact = V.verdicts(pd.DataFrame(hf + _rows(V.Variant(), dict(a=0.01, b=0.02), bitwise=False)))
+    assert exact.passed.tolist() == [False] and "a (layer 3 output" in exact.worst_prompts[0], exact
+
+
+@pytest.fixture()
+def no_weights(monkeypatch):
+    "Reading weights fails the test: bad input must stop before."
+    def boom(*a, **k): raise AssertionError("weights were read before the input was checked")
+    monkeypatch.setattr(V, "reference", boom)
+    monkeypatch.setattr(V.Encoder, "from_pretrained", boom)
+    monkeypatch.setattr(V._Checkpoint, "read", boom)
+
+
+def _bad(tmp_path, text: str):
+    f = tmp_path / "bad.jsonl"; f.write_text(text)
+    return f
+
+
+@pytest.mark.parametrize("case,msg", [
+    ("json", "bad.jsonl:2: not JSON"),
+    ("text", 'bad.jsonl:1: no "text"'),
+    ("missing", "bad.jsonl:1: image nope.png: no such file"),
+    ("unreadable", "bad.jsonl:2: image"),
+    ("video", "bad.jsonl:1: video"),
+    ("reduce", "--reduce 'fp16': unknown value 'fp16'; choose from bf16, fp32, fp32-partials"),
+    ("mode", "--mode 'exact,turbo': unknown value 'turbo'"),
+    ("tp3", "--tp 3: tensor-parallel size 3 does not divide"),
+    ("tp2", "--tp 2 needs 2 ranks but this run has 1: add --nproc 2"),
+    ("out-file", "is a file: name a directory"),
+    ("out-under-file", "is not writable"),
+])
+def test_bad_input_stops_first(case, msg, ckpt, prompts, tmp_path, capsys, no_weights):
+    "Exit 2 with one line naming what and where, before any weight is read."
+    base = prompts.parent
+    (base / "notes.png").write_text("not a picture")
+    (tmp_path / "file").write_text("")
+    p, out, kw = prompts, tmp_path / "o", {}
+    if case == "json": p = _bad(base, '{"text": "a"}\n{"text": "b",\n')
+    if case == "text": p = _bad(base, '{"images": ["photo.png"]}\n')
+    if case == "missing": p = _bad(base, '{"text": "a", "images": ["nope.png"]}\n')
+    if case == "unreadable": p = _bad(base, '{"text": "a"}\n{"text": "b", "images": ["notes.png"]}\n')
+    if case == "video": p = _bad(base, '{"text": "a", "videos": ["notes.png"]}\n')
+    if case == "reduce": kw = dict(tp="1,2", reduce="fp16")
+    if case == "mode": kw = dict(mode="exact,turbo")
+    if case == "tp3": kw = dict(tp="1,3")
+    if case == "tp2": kw = dict(tp="2")
+    if case == "out-file": out = tmp_path / "file"
+    if case == "out-under-file": out = tmp_path / "file" / "report"
+    flags = [f"--{k}={v}" for k, v in kw.items()]
+    rc = main(["validate", "--model", str(ckpt), "--prompts", str(p), "--out", str(out), "--max-pixels", "4096",
+               *flags])
+    err = capsys.readouterr().err.strip()
+    assert rc == 2 and len(err.splitlines()) == 1 and err.startswith("qwen3vl-l50 validate: error: "), err
+    assert msg in err, err
+
+
+def test_bad_input_once_under_torchrun(ckpt, prompts, tmp_path):
+    "Under torchrun every rank finds the bad line: it is said once, exit 2, no launcher traceback."
+    p = _bad(prompts.parent, '{"text": "a"}\n{"id": "x"}\n')
+    r = subprocess.run([*CLI, "validate", "--nproc", "2", "--model", str(ckpt), "--prompts", str(p), "--out",
+                        str(tmp_path / "o"), "--tp", "2"], env=ENV, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 2, r.stderr[-3000:]
+    assert r.stderr.count('bad.jsonl:2: no "text"') == 1 and "Traceback" not in r.stderr, r.stderr[-3000:]
+
+
+def test_fp64_reference_and_fingerprint(ckpt, prompts, tmp_path):
+    "`--ref-dtype fp64`: the same verdict against a reference below fp32's noise; the checkpoint's fingerprint."
+    a = args(ckpt, prompts, tmp_path / "r64", ref_dtype="fp64")
+    assert V.run_validate(a) == 0
+    df = V.load_results(tmp_path / "r64")
+    assert df.ref_dtype.eq("fp64").all() and df.checkpoint_sha.iloc[0] == V.checkpoint_fingerprint(ckpt)
+    assert df[df.variant == "tp1 exact"].bitwise_hf.all()
+
+
+def test_help():
+    r = subprocess.run([*CLI, "validate", "--help"], capture_output=True, text=True, env=ENV)
+    assert r.returncode == 0 and "usage: qwen3vl-l50 validate" in r.stdout
+    for flag in ("--tp", "--reduce", "--quant", "--fp8-granularity", "--mode", "--ref-dtype", "--nproc", "--prompts"):
+        assert flag in r.stdout, flag
