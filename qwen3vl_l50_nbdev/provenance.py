@@ -46,16 +46,21 @@ def git_commit(short: bool = True) -> str:
     except (OSError, subprocess.SubprocessError): out = ""
     return out or "unknown"
 
+def _this_command() -> str:
+    "This process's command line as typed: `torchrun --nproc_per_node N -m ...` under torchrun, else `python ...`."
+    a = sys.orig_argv
+    args = a[a.index("-m"):] if "-m" in a else sys.argv
+    world = dist.get_world_size() if dist.is_initialized() else int(os.environ.get("WORLD_SIZE", 1))
+    launcher = f"torchrun --nproc_per_node {world}" if "TORCHELASTIC_RUN_ID" in os.environ else "python"
+    return " ".join([launcher, *map(shlex.quote, args)])
+
 def provenance(device="cpu", commit: str | None = None, command: str | None = None) -> dict:
     ("Where a run came from: device, UTC date, git commit, torch version, command (default: this "
      "process's command line, under `torchrun` if it is); on the CPU also `machine`, its `machine_fingerprint`.")
     dev = torch.device(device)
     name = (f"{torch.cuda.get_device_name(dev)} x{torch.cuda.device_count()}" if dev.type == "cuda"
             else f"cpu {_cpu_name()} ({os.cpu_count()} cores)")
-    if command is None:
-        world = dist.get_world_size() if dist.is_initialized() else 1
-        command = ((f"torchrun --nproc_per_node {world} " if world > 1 else "")
-                   + " ".join(map(shlex.quote, sys.orig_argv)))
+    if command is None: command = _this_command()
     return dict(device=name, date=datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
                 commit=commit or git_commit(), torch=torch.__version__, command=command,
                 **(dict(machine=machine_fingerprint()) if dev.type == "cpu" else {}))
