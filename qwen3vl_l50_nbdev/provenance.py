@@ -39,10 +39,10 @@ def machine_fingerprint() -> str:
             f"{torch.backends.cpu.get_cpu_capability()} {torch.get_num_threads()} threads torch {torch.__version__} "
             f"{torch.version.git_version[:8]} build {digest(torch.__config__.show())}")
 
-def git_commit(short: bool = True) -> str:
-    "The working tree's git commit (`unknown` without git)."
+def git_commit(short: bool = True, where=None) -> str:
+    "The git commit of the tree around `where` (default: the working directory); `unknown` without git."
     try: out = subprocess.run(["git", "rev-parse", *(["--short"] if short else []), "HEAD"],
-                              capture_output=True, text=True, timeout=10).stdout.strip()
+                              capture_output=True, text=True, timeout=10, cwd=where).stdout.strip()
     except (OSError, subprocess.SubprocessError): out = ""
     return out or "unknown"
 

@@ -5,10 +5,9 @@
 # %% auto #0
 __all__ = ['HF_BF16', 'QUANTS', 'REF_DTYPES', 'REPORT_CELLS', 'QWEN_RANKS', 'Variant', 'parse_list', 'variants', 'contract',
            'hf_skeleton', 'Reference', 'peak_gib', 'reference', 'baseline_rows', 'measure', 'verdicts', 'check_out_dir',
-           'prepare', 'validate', 'run_validate', 'checkpoint_fingerprint', 'package_commit', 'run_meta',
-           'growth_figure', 'spread_figure', 'time_figure', 'load_results', 'output_table', 'report_html',
-           'report_notebook', 'write_report', 'bench_tokenizer', 'write_32b_checkpoint', 'bench_prompts', 'gpu_bench',
-           'main']
+           'prepare', 'validate', 'run_validate', 'checkpoint_fingerprint', 'run_meta', 'growth_figure',
+           'spread_figure', 'time_figure', 'load_results', 'output_table', 'report_html', 'report_notebook',
+           'write_report', 'bench_tokenizer', 'write_32b_checkpoint', 'bench_prompts', 'gpu_bench', 'main']
 
 # %% ../nbs/14_validate.ipynb #01f25878
 import base64
@@ -21,7 +20,6 @@ import os
 import resource
 import shlex
 import struct
-import subprocess
 import sys
 import tempfile
 import time
@@ -48,7 +46,7 @@ from .loading import _weight_map, _files, _headers, checkpoint_name
 from .testing import hf_forward
 from .cli import FAST_BOUND, TP_BOUND, FP8_BOUND, is_rank0, _agree
 from .metrics import diff_row, layer_states, no_tf32
-from .provenance import provenance
+from .provenance import git_commit, provenance
 
 # %% ../nbs/14_validate.ipynb #bbedcbad
 class Variant(NamedTuple):
@@ -432,13 +430,6 @@ def checkpoint_fingerprint(path, files=None) -> str:
             h.update(Path(f).name.encode()); h.update(fh.read(size))
     return h.hexdigest()[:16]
 
-def package_commit() -> str:
-    "The git commit of this package's source tree (`unknown` outside git)."
-    try: out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, timeout=10,
-                              cwd=Path(qwen3vl_l50_nbdev.__file__).parent).stdout.strip()
-    except (OSError, subprocess.SubprocessError): out = ""
-    return out or "unknown"
-
 def run_meta(model, ck: _Checkpoint, device, ref: Reference, ref_dtype: str, command: str | None = None) -> dict:
     "The provenance columns of a validation run."
     import transformers
@@ -446,7 +437,7 @@ def run_meta(model, ck: _Checkpoint, device, ref: Reference, ref_dtype: str, com
     if command is None:
         command = ("qwen3vl-l50 " if world == 1 else f"torchrun --nproc_per_node {world} -m qwen3vl_l50_nbdev.cli "
                    ) + " ".join(map(shlex.quote, sys.argv[1:]))
-    base = provenance(device, package_commit(), command)
+    base = provenance(device, git_commit(where=Path(qwen3vl_l50_nbdev.__file__).parent), command)   # the code's
     return dict(checkpoint=str(Path(model).resolve()), checkpoint_sha=checkpoint_fingerprint(model, {e.file for e in
                 ck.entries.values()}), package=qwen3vl_l50_nbdev.__version__, **{k: base[k] for k in (
                 "commit", "torch")}, transformers=transformers.__version__, device=base["device"], world=world,
