@@ -22,7 +22,7 @@ from .loading import load_checkpoint, checkpoint_tensors, _missing_message
 from .loading import load_weights as fill_weights   # `Encoder.load_weights` checks, then calls it
 from .loading import checkpoint_name
 from .fp8 import quantize_model_, check_fp8_modes
-from .fast import check_mode, no_graphs, FastConfig, apply_fast
+from .fast import check_mode, no_graphs, FastConfig, apply_fast, warmup
 from .offload import check_offload, CpuOffload, LayerwiseOffload
 
 # %% ../nbs/08_encoder.ipynb #49b5d5c5
@@ -210,7 +210,7 @@ def from_pretrained(cls: Encoder, path, selected_layer: int = 50, dtype=torch.bf
                     fast: FastConfig | None = None):
     ("Load an HF-format Qwen3-VL checkpoint directory onto the encoder group (default: every rank of the world); "
      "`offload`: None, 'cpu' or 'layerwise' (`ring` device buffers); `fast`: fast mode's config (default "
-     "`FastConfig()`).")
+     "`FastConfig()`; on CUDA it is warmed up, `fast.warmup`).")
     if quant not in (None, "fp8"): raise ValueError(f"quant={quant!r}: choose None or 'fp8'")
     if quant: check_fp8_modes(fp8_granularity, fp8_act)
     _check_placement(offload, mode, ring)
@@ -225,6 +225,7 @@ def from_pretrained(cls: Encoder, path, selected_layer: int = 50, dtype=torch.bf
     # online FP8: the decoder projections only
     if quant == "fp8": quantize_model_(enc.text, fp8_granularity, fp8_act)
     if offload: enc.device = torch.device(device); enc.set_offload(offload, ring)
+    elif enc.mode == "fast" and enc.fast.warmup: enc.warmup_s = warmup(enc)   # CUDA: no later call compiles
     return enc
 
 # %% ../nbs/08_encoder.ipynb #fc008991

@@ -38,7 +38,7 @@ from .config import EncoderConfig
 from .dist import encoder_group, init_world
 from .tp import REDUCE_MODES
 from .fp8 import GRANULARITIES
-from .fast import MODES, pad_to
+from .fast import MODES
 from .encoder import Encoder
 from .inputs import Processor
 from .prompts import read_prompts, process_prompts
@@ -250,7 +250,7 @@ def measure(enc: Encoder, v: Variant, prompts: dict, ref: Reference | None, teac
         enc.encode(**x)
         out, secs = _timed(lambda: enc.encode(**x))
         n = len(x["input_ids"])
-        rows_run = pad_to(n) if enc.runner.padded else n   # fast mode runs padded rows: the teacher gets pad rows too
+        rows_run = enc.runner.rows(n)   # fast mode may run padded rows: the teacher gets pad rows too
         forced = [F.pad(t, (0, 0, 0, rows_run - n)) for t in teacher[p]]
         with torch.compiler.set_stance("force_eager"):   # hooks in compiled layers would recompile them per prompt
             with layer_states(enc.text) as acc: enc.encode(**x)
