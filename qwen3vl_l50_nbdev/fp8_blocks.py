@@ -315,13 +315,13 @@ def quantize_checkpoint(src, dst, fmt: BlockFp8 = BlockFp8(not_converted=("lm_he
     (dst / "config.json").write_text(json.dumps(cfg | dict(quantization_config=fmt.to_config()), indent=2))
     return dst
 
-# %% ../nbs/09a_fp8_blocks.ipynb #17431a20
-def block_tiny(selected_layer: int = 3, **kw) -> EncoderConfig:
+# %% ../nbs/09a_fp8_blocks.ipynb #d3556e25
+def block_tiny(selected_layer: int = 3, text: dict | None = None, vision: dict | None = None, **kw) -> EncoderConfig:
     ("`config.tiny` whose linears are whole 128x128 blocks, every TP 1 and 2 shard too (text projections, "
      "vision blocks and mergers): the smallest model a block-FP8 checkpoint quantizes throughout.")
     return tiny(selected_layer, text=dict(hidden_size=256, intermediate_size=512, num_attention_heads=8,
-                                          num_key_value_heads=4, head_dim=64, mrope_section=(8, 12, 12)),
-                vision=dict(hidden_size=128, intermediate_size=256, num_heads=4), **kw)
+                                          num_key_value_heads=4, head_dim=64, mrope_section=(8, 12, 12)) | (text or {}),
+                vision=dict(hidden_size=128, intermediate_size=256, num_heads=4) | (vision or {}), **kw)
 
 # %% ../nbs/09a_fp8_blocks.ipynb #997f79b5
 def checkpoint_format(path) -> BlockFp8 | None:

@@ -158,3 +158,10 @@ def test_not_converted_modules_stay_bf16(tmp_path, ckpts, inputs):
     assert sd["model.visual.blocks.0.attn.qkv.weight"].dtype == torch.bfloat16
     assert sd["model.language_model.layers.0.mlp.up_proj.weight"].dtype == FP8
     assert Encoder.from_pretrained(d, 3, progress=False).encode(**inputs).isfinite().all()
+
+def test_make_tiny_fp8_blocks_cli(tmp_path, inputs):
+    from qwen3vl_l50_nbdev.cli import main
+    assert main(["make-tiny", str(tmp_path / "t"), "--fp8-blocks", "--text-layers", "3"]) in (0, None)
+    assert json.loads((tmp_path / "t" / "config.json").read_text())["quantization_config"]["quant_method"] == "fp8"
+    h = Encoder.from_pretrained(tmp_path / "t", 3, progress=False).encode(**inputs)
+    assert h.shape == (len(inputs["input_ids"]), 256)
