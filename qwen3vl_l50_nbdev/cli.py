@@ -28,6 +28,7 @@ from .dist import init_world
 from .metrics import diff_table
 from .tp import REDUCE_MODES
 from .fp8 import GRANULARITIES, ACT_MODES
+from .fp8_blocks import block_tiny, quantize_checkpoint
 from .fast import MODES
 from .encoder import Encoder, as_prompt
 from .testing import make_tiny_checkpoint, synthetic_inputs, hf_reference
@@ -111,10 +112,14 @@ _DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
 
 def cmd_make_tiny(a):
     "Write a random tiny HF-format Qwen3-VL checkpoint."
-    cfg = tiny(selected_layer=1, text=dict(num_hidden_layers=a.text_layers))
+    blocks = getattr(a, "fp8_blocks", False)   # (a Namespace built by hand may lack it)
+    cfg = (block_tiny if blocks else tiny)(selected_layer=1, text=dict(num_hidden_layers=a.text_layers))
     cfg = with_qwen_vocab(cfg) if a.real_vocab else cfg
     if is_rank0():
-        d = make_tiny_checkpoint(a.dir, cfg, seed=a.seed, max_shard_size=a.max_shard_size)
+        if blocks:   # the bf16 checkpoint, then its block-FP8 form as transformers writes it
+            with tempfile.TemporaryDirectory() as t:
+                d = quantize_checkpoint(make_tiny_checkpoint(t, cfg, a.seed, a.max_shard_size), a.dir)
+        else: d = make_tiny_checkpoint(a.dir, cfg, seed=a.seed, max_shard_size=a.max_shard_size)
         mb = sum(f.stat().st_size for f in Path(d).iterdir() if f.is_file()) / 1e6
         print(f"wrote a tiny Qwen3-VL checkpoint ({cfg.text.num_hidden_layers} text layers, "
               f"vision depth {cfg.vision.depth}, vocabulary {cfg.text.vocab_size:,}; {mb:.1f} MB) to {a.dir}")
@@ -367,6 +372,9 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("--text-layers", type=int, default=4, help="decoder layers in the checkpoint")
     s.add_argument("--seed", type=int, default=0, help="seed of the random weights: the same seed, the same bits")
     s.add_argument("--max-shard-size", default=None, help="e.g. 200KB: shard the checkpoint")
+    s.add_argument("--fp8-blocks", action="store_true",
+                   help="block-FP8 (e4m3, a weight_scale_inv per 128x128 block, as Qwen's -FP8 releases) with "
+                   "dimensions of whole blocks (hidden 256)")
     s.add_argument("--real-vocab", action="store_true",
                    help="Qwen's 151,936-entry vocabulary and token ids, so that --prompt text fits (about 40 MB: "
                    "the embedding and lm_head, 151,936 rows each)")

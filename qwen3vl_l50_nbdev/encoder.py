@@ -18,7 +18,8 @@ from .vision import VisionModel, check_pixels
 from .text import TextModel
 from .rope import rope_index, mm_token_types
 from .deepstack import placeholder_masks, scatter_visual, merge_deepstack
-from .loading import load_checkpoint, checkpoint_tensors, _missing_message
+from .loading import load_checkpoint, checkpoint_tensors, _missing_message, check_checkpoint
+from .fp8_blocks import checkpoint_format, block_kernel, block_fp8_model_
 from .loading import load_weights as fill_weights   # `Encoder.load_weights` checks, then calls it
 from .loading import checkpoint_name
 from .fp8 import quantize_model_, check_fp8_modes
@@ -214,12 +215,16 @@ def from_pretrained(cls: Encoder, path, selected_layer: int = 50, dtype=torch.bf
     if quant not in (None, "fp8"): raise ValueError(f"quant={quant!r}: choose None or 'fp8'")
     if quant: check_fp8_modes(fp8_granularity, fp8_act)
     _check_placement(offload, mode, ring)
-    cfg = EncoderConfig.from_hf(path, selected_layer)
+    cfg, blocks = EncoderConfig.from_hf(path, selected_layer), checkpoint_format(path)
+    if quant and blocks: raise ValueError(f"{path} is a block-FP8 checkpoint (config.json's quantization_config): it "
+                                          "loads as FP8 by itself; drop quant='fp8'")
     group = group or encoder_group()
     if not group.is_member: return NotMember(group, cfg)
     if device is None:
         device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else "cpu"
     enc = cls(cfg, group, reduce, dtype, "cpu" if offload else device, mode, fast)   # offloaded: into host memory
+    if blocks and block_kernel(device) == "scaled_mm":   # else its weights are dequantized to `dtype` as they load
+        block_fp8_model_(enc.text, blocks.block, {k for k, e in check_checkpoint(path, enc).items() if e.scale})
     enc.load_stats = load_checkpoint(enc, path, progress=group.rank == 0 if progress is None else progress,
                                      group=group)
     # online FP8: the decoder projections only

@@ -22,6 +22,7 @@ from tqdm import tqdm
 from .text import TP_PLAN
 from .dist import Group
 from .config import path_exists, read_json, is_int
+from .fp8_blocks import SCALE_DTYPES, BlockTensor, block_format, check_scales, scale_name
 
 # %% ../nbs/07_loading.ipynb #40148614
 # HF's modules -> ours; below them names are equal
@@ -141,17 +142,19 @@ def _depth(model: nn.Module) -> int:
 
 FLOAT_DTYPES = ("BF16", "F16", "F32", "F64")   # safetensors' names of the weight dtypes loaded (cast on load)
 _NAMES = {torch.bfloat16: "BF16", torch.float16: "F16", torch.float32: "F32", torch.float64: "F64", torch.int8: "I8",
-          torch.uint8: "U8", torch.int16: "I16", torch.int32: "I32", torch.int64: "I64", torch.bool: "BOOL"}
+          torch.float8_e4m3fn: "F8_E4M3", torch.uint8: "U8", torch.int16: "I16", torch.int32: "I32",
+          torch.int64: "I64", torch.bool: "BOOL"}
 
-def check_weight(name: str, dtype, values: torch.Tensor | None = None, where: str = ""):
+def check_weight(name: str, dtype, values: torch.Tensor | None = None, where: str = "", allowed=FLOAT_DTYPES):
     ("Raise `ValueError` unless checkpoint tensor `name` (`where`: in which file) can be a weight: `dtype` (torch's, "
-     "or safetensors' name) one of `FLOAT_DTYPES`, and `values`, when given, finite.")
+     "or safetensors' name) one of `allowed`, and `values`, when given, finite.")
     dtype = _NAMES.get(dtype, str(dtype).removeprefix("torch.")) if isinstance(dtype, torch.dtype) else dtype
-    if dtype not in FLOAT_DTYPES:
-        raise ValueError(f"{name} is {dtype}{where}: weights must be one of {list(FLOAT_DTYPES)}; an integer tensor is "
-                         "quantized or corrupt, not a weight (FP8: load the bf16 weights with quant='fp8')")
-    if values is not None and not bool(torch.isfinite(values).all()):
-        n = int((~torch.isfinite(values)).sum())
+    if dtype not in allowed:
+        raise ValueError(f"{name} is {dtype}{where}: weights must be one of {list(allowed)}; an integer tensor is "
+                         "quantized or corrupt, not a weight (FP8: load the bf16 weights with quant='fp8', or a "
+                         "block-FP8 checkpoint, whose config.json declares its quantization_config)")
+    bad = lambda v: (v.view(torch.uint8) & 0x7F) == 0x7F if v.dtype == torch.float8_e4m3fn else ~torch.isfinite(v)
+    if values is not None and (n := int(bad(values).sum())):   # e4m3fn has no Inf; its NaN is the byte 0x7F or 0xFF
         raise ValueError(f"{name}{where} holds {n:,} NaN or Inf value(s) (of {values.numel():,}): one makes every "
                          "output row NaN; the weights are corrupt: copy or download them again")
 
@@ -189,16 +192,15 @@ class Entry(NamedTuple):
     file: Path
     shape: tuple
     dtype: str   # safetensors' name: BF16, F32, F8_E4M3, ...
+    scale: "Entry | None" = None   # a block-FP8 weight's `weight_scale_inv`
+    block: tuple | None = None     # ... and the block it scales (config.json's weight_block_size)
 
 def _config_json(path: Path, selected_layer: int) -> dict:
-    "`config.json`, checked: not quantized, and at least `selected_layer` decoder layers."
+    "`config.json`, checked: unquantized or block FP8 (`fp8_blocks.block_format`), at least `selected_layer` layers."
     if not path_exists(f := path / "config.json"):
         raise FileNotFoundError(f"no config.json in {path}: pass an HF checkpoint directory")
     d = read_json(f)
-    if q := d.get("quantization_config") or (d.get("text_config") or {}).get("quantization_config"):
-        raise ValueError(f"{path} is a serialized quantized checkpoint (config.json has quantization_config "
-                         f"{ {k: q[k] for k in list(q)[:3]} }): only online FP8 is supported: "
-                         "load the bf16 checkpoint with quant='fp8'")
+    block_format(d, str(f))   # a quantization we cannot load raises here, naming the field
     if is_int(n := (d.get("text_config") or {}).get("num_hidden_layers", selected_layer)) and n < selected_layer:
         raise ValueError(f"{path} has {n} decoder layers (config.json text_config.num_hidden_layers) "
                          f"but selected_layer={selected_layer} needs layers 0..{selected_layer - 1}: "
@@ -251,6 +253,56 @@ def _headers(files: list[Path], weight_map: dict | None = None) -> dict[str, Ent
                          + "; ".join(f"{k} (in {weight_map[k]})" for k in lost[:5]) + f": {fix}")
     return out
 
+# %% ../nbs/07_loading.ipynb #d1413650
+def _pair_scales(entries: dict[str, Entry], fmt) -> dict[str, Entry]:
+    ("`entries` with each FP8 weight's `weight_scale_inv` attached to it (checked: dtype, shape, one per weight) "
+     "and the scales dropped; `fmt`: the config's `fp8_blocks.BlockFp8`, or None, and then no FP8 tensor may be there.")
+    f8 = {k for k, e in entries.items() if e.dtype.startswith("F8")}
+    scales = {k for k in entries if k.endswith("_scale_inv") or k.endswith(".weight_scale")}
+    at = lambda k: f"{k} ({entries[k].dtype} in {entries[k].file.name})"
+    if fmt is None:
+        if f8 or scales: raise ValueError(
+            f"{len(f8)} FP8 tensor(s) and {len(scales)} scale(s) ({at(sorted(f8 | scales)[0])}) but config.json has "
+            "no quantization_config: FP8 checkpoints load when it declares their format (block FP8, transformers' "
+            "fine-grained FP8); else load the bf16 checkpoint, optionally with quant='fp8'")
+        return entries
+    if bad := sorted(k for k in f8 if entries[k].dtype != "F8_E4M3"):
+        raise ValueError(f"{at(bad[0])}: block-FP8 weights must be F8_E4M3 (float8_e4m3fn)")
+    if missing := sorted(k for k in f8 if scale_name(k) not in entries):
+        raise ValueError(f"{len(missing)} FP8 weight(s) without their block scales: {at(missing[0])} has no "
+                         f"{scale_name(missing[0])}: each block-FP8 weight needs one; re-save the checkpoint")
+    if alone := sorted(scales - {scale_name(k) for k in f8}):
+        raise ValueError(f"{len(alone)} scale tensor(s) without an FP8 weight: {at(alone[0])}: was its weight "
+                         "dequantized, or is the checkpoint in another format (per-tensor `weight_scale`)?")
+    if kept := sorted(k for k in f8 if not fmt.converted(k.removesuffix(".weight"))):
+        raise ValueError(f"{at(kept[0])} is FP8 but config.json's modules_to_not_convert {list(fmt.not_converted)} "
+                         "keeps its module unconverted: the config and the weights disagree")
+    out = {}
+    for k, e in entries.items():
+        if k in scales: continue
+        if k in f8:
+            s = entries[scale_name(k)]
+            check_scales(scale_name(k), e.shape, s.shape, s.dtype, fmt, f" in {s.file.name}")
+            e = e._replace(scale=s, block=fmt.block)
+        out[k] = e
+    return out
+
+
+# %% ../nbs/07_loading.ipynb #7efe2261
+def _check_block_shards(model: nn.Module, fp8: dict[str, Entry], want: dict):
+    "Raise naming each block-FP8 weight whose TP shards would cut its scale blocks: before anything is read."
+    modules, bad, size = dict(model.named_modules()), [], 1
+    for k, e in fp8.items():
+        mod = modules[want[k].param.rpartition(".")[0]]
+        if (dim := sharding_rule(mod, "weight")) is None or (size := mod.group.size) == 1: continue
+        n, b = e.shape[dim] // size, e.block[dim]
+        if n % b: bad.append(f"{k}: {e.shape[dim]} {('rows', 'columns')[dim]} / TP {size} = {n} a rank, not whole "
+                             f"{b}-blocks")
+    if bad:
+        raise ValueError(f"TP {size} would cut the scale blocks of {len(bad)} block-FP8 weight(s): "
+                         + "; ".join(bad[:4]) + ": choose a TP size that divides each into whole blocks")
+
+
 # %% ../nbs/07_loading.ipynb #51fb790a
 def _missing_message(missing: list[str], want: dict[str, Target]) -> str:
     "Each missing checkpoint tensor, and the parameter (and fused split) it was to fill."
@@ -263,18 +315,16 @@ def check_checkpoint(path, model: nn.Module) -> dict[str, Entry]:
     ("Check an HF checkpoint dir against `model` from `config.json` and the headers; "
      "return the `Entry` of each tensor to load.")
     path, N = Path(path), _depth(model)
-    _config_json(path, N)
+    fmt = block_format(_config_json(path, N), str(path / "config.json"))
     wm = _weight_map(path)   # the index, read once
-    entries = _headers(_files(path, wm), wm)
-    if f8 := [f"{k} is {e.dtype} in {e.file.name}" for k, e in entries.items() if e.dtype.startswith("F8")]:
-        raise ValueError(f"serialized FP8 checkpoints are not supported ({len(f8)} float8 tensor(s); {f8[0]}): "
-                         f"only online FP8: load the bf16 checkpoint with quant='fp8'")
+    entries = _pair_scales(_headers(_files(path, wm), wm), fmt)
     layer = _regex("model.language_model.layers.{i}.{rest}")
     if (n := 1 + max((int(m["i"]) for k in entries if (m := layer.fullmatch(k))), default=-1)) < N:
         raise ValueError(f"{path}'s tensors cover {n} decoder layers but selected_layer={N} needs {N}: "
                          f"choose selected_layer <= {n}")
     needed, want = {k: e for k, e in entries.items() if map_name(k, N) is not None}, checkpoint_tensors(model)
-    for k, e in needed.items(): check_weight(k, e.dtype, where=f" in {e.file.name}")   # the values: as read
+    for k, e in needed.items():   # the values: as read
+        check_weight(k, e.dtype, where=f" in {e.file.name}", allowed=("F8_E4M3",) if e.scale else FLOAT_DTYPES)
     if missing := sorted(want.keys() - needed.keys()): raise ValueError(_missing_message(missing, want))
     if extra := sorted(needed.keys() - want.keys()):
         raise ValueError(f"{len(extra)} checkpoint tensor(s) that the model does not have: {extra[:5]}: "
@@ -282,33 +332,45 @@ def check_checkpoint(path, model: nn.Module) -> dict[str, Entry]:
     if bad := [f"{k} has shape {list(e.shape)} in {e.file.name} but the model needs {list(want[k].shape)}"
                for k, e in needed.items() if e.shape != want[k].shape]:
         raise ValueError(f"{len(bad)} tensor(s) with the wrong shape: " + "; ".join(bad[:5]))
+    _check_block_shards(model, {k: e for k, e in needed.items() if e.scale}, want)
     return needed
 
 # %% ../nbs/07_loading.ipynb #f406599d
 class _Slice:
     ("An unread checkpoint tensor `name` (`where`: in which file): `narrow` (what `tp.shard` calls) reads only the "
      "rows or columns asked for, and checks them (`check_weight`).")
-    def __init__(self, sl, stats: dict, name: str = "tensor", where: str = ""):
+    def __init__(self, sl, stats: dict, name: str = "tensor", where: str = "", allowed=FLOAT_DTYPES):
         self.sl, self.stats, self.shape, self.name, self.where = sl, stats, torch.Size(sl.get_shape()), name, where
+        self.allowed = allowed   # the dtypes it may hold (`check_weight`)
     def narrow(self, dim: int, start: int, length: int) -> torch.Tensor:
         return self._read((slice(None),) * dim + (slice(start, start + length),))
     def read(self) -> torch.Tensor: return self._read((slice(None),))
     def _read(self, idx) -> torch.Tensor:
         t = self.sl[idx]
         self.stats["tensors_read"] += 1; self.stats["bytes_read"] += t.nbytes
-        check_weight(self.name, t.dtype, t, self.where)
+        check_weight(self.name, t.dtype, t, self.where, self.allowed)
         return t
+
+# %% ../nbs/07_loading.ipynb #0cfd2c88
+def _source(opened: dict, k: str, e: Entry, stats: dict):
+    "What fills from checkpoint tensor `k`: a `_Slice`, or for a block-FP8 weight a `BlockTensor` of it and its scales."
+    w = _Slice(opened[e.file].get_slice(k), stats, k, f" in {e.file.name}", ("F8_E4M3",) if e.scale else FLOAT_DTYPES)
+    if e.scale is None: return w
+    s = _Slice(opened[e.scale.file].get_slice(scale_name(k)), stats, scale_name(k), f" in {e.scale.file.name}",
+               SCALE_DTYPES)
+    return BlockTensor(w, s, e.block, k)
+
 
 # %% ../nbs/07_loading.ipynb #0e535aac
 def load_checkpoint(model: nn.Module, path, progress: bool = True, group: Group | None = None) -> dict:
     ("Fill `model` from an HF checkpoint dir, each TP layer reading only its slice; returns what was read. `group`: "
      "the ranks loading it, which then fail together.")
     entries = check_checkpoint(path, model)
-    files, err = sorted({e.file for e in entries.values()}), None
+    files, err = sorted({e.file for e in entries.values()} | {e.scale.file for e in entries.values() if e.scale}), None
     stats = dict(files=len(files), tensors_read=0, bytes_read=0)
     with contextlib.ExitStack() as stack:
         opened = {f: stack.enter_context(safe_open(f, "pt")) for f in files}
-        pairs = [(k, _Slice(opened[e.file].get_slice(k), stats, k, f" in {e.file.name}")) for k, e in entries.items()]
+        pairs = [(k, _source(opened, k, e, stats)) for k, e in entries.items()]
         try: load_weights(model, pairs, progress=f"loading {Path(path).name}" if progress else None)
         except ValueError as e: err = e   # a bad value in this rank's slice
     if group is not None and group.size > 1:

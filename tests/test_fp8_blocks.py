@@ -1,0 +1,167 @@
+("Block-FP8 checkpoints (issue #31) on the CPU: the writer's bytes against transformers' quantizer, loading against "
+ "transformers' dequantized load, TP 2 on gloo ranks, fast mode, offload, and each bad input refused before compute.")
+import json
+import types
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+from qwen3vl_l50_nbdev.dist import spawn
+from qwen3vl_l50_nbdev.encoder import Encoder
+from qwen3vl_l50_nbdev.fp8_blocks import (FP8, BlockFp8, BlockTensor, block_tiny, block_mm_reference, quantize_blocks,
+                                          dequantize_blocks, quantize_checkpoint, quantize_act_blocks,
+                                          BlockFp8ColumnParallelLinear, BlockFp8RowParallelLinear)
+from qwen3vl_l50_nbdev.metrics import diff_row
+from qwen3vl_l50_nbdev.testing import (make_tiny_checkpoint, synthetic_inputs, broken_checkpoint, edit_config,
+                                       fake_group, encode_on_ranks)
+from qwen3vl_l50_nbdev.tp import ColumnParallelLinear, RowParallelLinear
+
+CFG = block_tiny(3)
+
+@pytest.fixture(scope="module")
+def ckpts(tmp_path_factory):
+    d = tmp_path_factory.mktemp("blocks")
+    src = make_tiny_checkpoint(d / "bf16", CFG)
+    return src, quantize_checkpoint(src, d / "fp8")
+
+@pytest.fixture(scope="module")
+def inputs(): return synthetic_inputs(CFG)
+
+@pytest.fixture(scope="module")
+def exact(ckpts, inputs): return Encoder.from_pretrained(ckpts[1], 3, progress=False).encode(**inputs)
+
+def test_writer_bytes_equal_transformers_quantizer():
+    "transformers' `Fp8Quantize` (its per-tensor function: its quantizer refuses a CPU) against ours, bytewise."
+    from transformers.integrations.finegrained_fp8 import Fp8Quantize, Fp8Dequantize
+    from transformers.utils.quantization_config import FineGrainedFP8Config
+    hq = types.SimpleNamespace(quantization_config=FineGrainedFP8Config())
+    w = (torch.randn(384, 256, generator=torch.Generator().manual_seed(0)) * 0.02).bfloat16()
+    w[:128, :128] = 0   # an all-zero block: scale 1, zeros
+    theirs, (q, s) = Fp8Quantize(hq)._quantize_one("a.weight", w), quantize_blocks(w)
+    assert torch.equal(theirs["a.weight"].view(torch.uint8), q.view(torch.uint8))
+    assert torch.equal(theirs["a.weight_scale_inv"], s)
+    ours = dequantize_blocks(q, s, dtype=torch.bfloat16)
+    assert torch.equal(Fp8Dequantize(hq)._dequantize_one(q, s, torch.bfloat16), ours)
+
+def test_writer_quantizes_the_linears_transformers_would(ckpts):
+    "Every nn.Linear of HF's model (but lm_head) is FP8 in the written checkpoint, and nothing else."
+    from transformers import Qwen3VLForConditionalGeneration
+    with torch.device("meta"): hf = Qwen3VLForConditionalGeneration(CFG.to_hf())
+    linears = {n for n, m in hf.named_modules() if isinstance(m, torch.nn.Linear) and n != "lm_head"}
+    sd = load_file(ckpts[1] / "model.safetensors")
+    assert {k.removesuffix(".weight") for k, t in sd.items() if t.dtype == FP8} == linears
+    cfg = json.loads((ckpts[1] / "config.json").read_text())["quantization_config"]
+    assert cfg["weight_block_size"] == [128, 128] and cfg["activation_scheme"] == "dynamic"
+
+def test_exact_equals_transformers_dequantized_load(ckpts, inputs, exact):
+    "CPU: transformers dequantizes an FP8 checkpoint on load (fp32 product, rounded once to bf16): so do we."
+    pytest.importorskip("accelerate", reason="transformers' FP8 quantizer needs accelerate to load")
+    from qwen3vl_l50_nbdev.testing import hf_reference
+    assert torch.equal(exact, hf_reference(ckpts[1], inputs, 3, dtype=torch.bfloat16))
+
+def test_error_against_bf16_is_fp8_sized(ckpts, inputs, exact):
+    ref = Encoder.from_pretrained(ckpts[0], 3, progress=False).encode(**inputs)
+    d = diff_row(exact, ref)
+    assert 1e-3 < d["rel_l2"] < 0.1, d   # FP8 (3 mantissa bits, 2^-4 relative rounding): a few percent; not zero
+
+def test_fast_and_offload(ckpts, inputs, exact):
+    fast = Encoder.from_pretrained(ckpts[1], 3, progress=False, mode="fast").encode(**inputs)
+    assert diff_row(fast, exact)["rel_l2"] < 2e-2   # fused q|k|v, gate|up GEMMs: bf16 rounding only
+    off = Encoder.from_pretrained(ckpts[1], 3, progress=False, offload="cpu").encode(**inputs)
+    assert torch.equal(off, exact)   # the same weights and ops, only where they live
+
+def test_tp2_gloo(ckpts, inputs, exact):
+    outs = spawn(encode_on_ranks, 2, ckpts[1], inputs, 3, "fp32")
+    assert torch.equal(outs[0], outs[1])
+    assert diff_row(outs[0], exact)["rel_l2"] < 2e-2   # the split row-parallel sums round differently in bf16
+
+def test_tp4_cutting_blocks_refused(ckpts):
+    "k_proj and v_proj are 256 rows: TP 4 gives 64 a rank, half a scale block; named before anything is read."
+    enc = Encoder(block_tiny(3), fake_group(0, 4))
+    from qwen3vl_l50_nbdev.loading import load_checkpoint
+    with pytest.raises(ValueError, match=r"TP 4 would cut .*k_proj.weight: 256 rows / TP 4 = 64 a rank"):
+        load_checkpoint(enc, ckpts[1], progress=False)
+
+def test_block_layers_tp2_slices_and_math():
+    "Each rank's FP8 rows/columns and scales are the full ones' slices; the GEMM matches its fp32 emulation."
+    torch.manual_seed(0)
+    H, M = 256, 512
+    gate, up, down = ((torch.randn(*s) * .05).bfloat16() for s in ((M, H), (M, H), (H, M)))
+    full = {k: BlockTensor(*quantize_blocks(w), name=k) for k, w in dict(gate=gate, up=up, down=down).items()}
+    x = torch.randn(5, H, dtype=torch.bfloat16)
+    for r in range(2):
+        col = BlockFp8ColumnParallelLinear(ColumnParallelLinear(H, [M, M], fake_group(r, 2)))
+        col.load(full["gate"], 0); col.load(full["up"], 1)
+        mine, theirs = col.weight[:256].view(torch.uint8), full["gate"].weight[256 * r:256 * (r + 1)]
+        assert torch.equal(mine, theirs.view(torch.uint8))
+        assert torch.equal(col.weight_scale_inv[2:], full["up"].scale_inv[2 * r:2 * r + 2])
+        row = BlockFp8RowParallelLinear(RowParallelLinear(M, H, fake_group(r, 2)))
+        row.load(full["down"])
+        assert torch.equal(row.weight_scale_inv, full["down"].scale_inv[:, 2 * r:2 * r + 2])
+    y = col(x)[1]
+    ref = x.double() @ dequantize_blocks(*quantize_blocks(up)).double().T
+    assert diff_row(y, ref[:, 256:])["rel_l2"] < 0.05   # activations in e4m3 per 128 columns: ~2^-5 relative
+
+def test_act_quantization_per_group():
+    x = torch.randn(3, 256)
+    x[0, :128] *= 1000   # one loud group does not coarsen the others' scales
+    q, s = quantize_act_blocks(x)
+    assert s.shape == (3, 2) and torch.allclose(s[0, 1], x[0, 128:].abs().max() / 448)
+    assert diff_row(block_mm_reference(x, *quantize_blocks(torch.eye(256))), x)["rel_l2"] < 0.05
+
+def _edit(fn):
+    def edit(d):
+        sd = load_file(d / "model.safetensors"); fn(sd)
+        save_file(sd, d / "model.safetensors", metadata={"format": "pt"})
+    return edit
+
+K = "model.language_model.layers.0.self_attn.q_proj.weight"
+BAD = {
+    "scale of the wrong shape": (_edit(lambda sd: sd.__setitem__(K + "_scale_inv", sd[K + "_scale_inv"][:, :1] * 1)),
+                                 r"q_proj.weight_scale_inv in model.safetensors has shape \[4, 1\] but .* "
+                                 r"needs \[4, 2\]"),
+    "scale of the wrong dtype": (_edit(lambda sd: sd.__setitem__(K + "_scale_inv", sd[K + "_scale_inv"].half())),
+                                 r"q_proj.weight_scale_inv in model.safetensors is F16: block scales must be one of"),
+    "missing weight_scale_inv": (_edit(lambda sd: sd.pop(K + "_scale_inv")),
+                                 r"q_proj.weight \(F8_E4M3 in model.safetensors\) has no .*q_proj.weight_"
+                                 r"scale_inv"),
+    "another block size": (edit_config(lambda c: c["quantization_config"].__setitem__("weight_block_size", [64, 64])),
+                           r"weight_scale_inv in model.safetensors has shape \[2, 4\] but .* in 64x64 blocks .* "
+                           r"needs \[4, 8\]"),
+    "static activations": (edit_config(lambda c: c["quantization_config"].__setitem__("activation_scheme", "static")),
+                           r"activation_scheme is 'static': only \('dynamic',\) is supported"),
+    "another method": (edit_config(lambda c: c["quantization_config"].__setitem__("quant_method", "awq")),
+                       r"quant_method is 'awq': only 'fp8'"),
+    "FP8 without a config": (edit_config(lambda c: c.pop("quantization_config")),
+                             r"FP8 tensor\(s\) .* but config.json has no quantization_config"),
+    "a NaN scale": (_edit(lambda sd: sd[K + "_scale_inv"].__setitem__((0, 0), float("nan"))),
+                    r"q_proj.weight_scale_inv in model.safetensors holds 1 NaN or Inf value"),
+    "a zero scale": (_edit(lambda sd: sd[K + "_scale_inv"].__setitem__((0, 0), 0.0)),
+                     r"q_proj.weight_scale_inv holds 1 scale\(s\) that are not finite and positive"),
+}
+
+@pytest.mark.parametrize("what", list(BAD))
+def test_bad_input_named_before_compute(ckpts, tmp_path, what):
+    edit, msg = BAD[what]
+    d = broken_checkpoint(ckpts[1], tmp_path / "bad", edit)
+    with pytest.raises(ValueError, match=msg):
+        Encoder.from_pretrained(d, 3, progress=False)
+
+def test_quant_fp8_on_a_block_checkpoint_refused(ckpts):
+    with pytest.raises(ValueError, match="block-FP8 checkpoint .* drop quant='fp8'"):
+        Encoder.from_pretrained(ckpts[1], 3, progress=False, quant="fp8")
+
+def test_not_converted_modules_stay_bf16(tmp_path, ckpts, inputs):
+    fmt = BlockFp8(not_converted=("lm_head", "model.visual", "mlp.down_proj"))
+    d = quantize_checkpoint(ckpts[0], tmp_path / "skip", fmt)
+    sd = load_file(d / "model.safetensors")
+    assert sd["model.language_model.layers.0.mlp.down_proj.weight"].dtype == torch.bfloat16
+    assert sd["model.visual.blocks.0.attn.qkv.weight"].dtype == torch.bfloat16
+    assert sd["model.language_model.layers.0.mlp.up_proj.weight"].dtype == FP8
+    assert Encoder.from_pretrained(d, 3, progress=False).encode(**inputs).isfinite().all()
+
+def test_make_tiny_fp8_blocks_cli(tmp_path, inputs):
+    from qwen3vl_l50_nbdev.cli import main
+    assert main(["make-tiny", str(tmp_path / "t"), "--fp8-blocks", "--text-layers", "3"]) in (0, None)
+    assert json.loads((tmp_path / "t" / "config.json").read_text())["quantization_config"]["quant_method"] == "fp8"
+    h = Encoder.from_pretrained(tmp_path / "t", 3, progress=False).encode(**inputs)
+    assert h.shape == (len(inputs["input_ids"]), 256)
