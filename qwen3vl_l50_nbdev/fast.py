@@ -131,18 +131,18 @@ class _Runner:
         self.graphs.clear(); self.hooked.mods = None
 
 class TextRunner(_Runner):
-    ("Runs a `TextModel`: eagerly on the CPU; on CUDA a prompt of up to `graph_rows` rows (None: any) padded to a "
-     "multiple of `pad` and replayed from a CUDA graph per signature, a longer one as it is; from `overlap_from` rows "
-     "the overlapped schedule (`overlap.overlapped`) with `stages`.")
+    ("Runs a `TextModel` on rows padded to a multiple of `pad`: eagerly on the CPU; on CUDA replayed from a CUDA graph "
+     "per signature up to `graph_rows` rows (None: any), longer as they are; from `overlap_from` rows the "
+     "overlapped schedule (`overlap.overlapped`) with `stages`.")
     def __init__(self, text: nn.Module, pad: int = 1, graphs: bool = True, graph_rows: int | None = None,
                  max_graphs: int = 96, overlap_from: int | None = None, stages: tuple = STAGES):
         super().__init__(text, graphs, max_graphs)
-        self.text, self.pad, self.graph_rows, self.overlap_from, self.stages = text, pad, graph_rows, overlap_from, stages
+        self.text, self.pad, self.graph_rows = text, pad, graph_rows
+        self.overlap_from, self.stages = overlap_from, stages
 
     def rows(self, n: int) -> int:
-        "The rows a call of `n` rows runs at: `pad_to(n, pad)` where a graph may replay it, else `n`."
-        p = pad_to(n, self.pad)
-        return p if self.graph_rows is None or p <= self.graph_rows else n
+        "The rows a call of `n` rows runs at: `pad_to(n, pad)`."
+        return pad_to(n, self.pad)
 
     def __call__(self, h: torch.Tensor, positions: torch.Tensor, visual_idx: torch.Tensor | None = None,
                  deepstack: list | None = None, lens: list[int] | None = None) -> torch.Tensor:
@@ -154,7 +154,7 @@ class TextRunner(_Runner):
         # the packed lengths as a tensor: compiled layers take any number of prompts without compiling again
         lens = torch.tensor(lens) if lens and len(lens) > 1 else None
         args = [h, positions, visual_idx, list(deepstack) if deepstack else None]
-        if self.eager(h) or rows == n and self.graph_rows is not None and n > self.graph_rows:
+        if self.eager(h) or self.graph_rows is not None and rows > self.graph_rows:
             return self.model(*args, lens)[:n]
         key = (rows, None if visual_idx is None else visual_idx.numel(), len(deepstack or ()),
                None if lens is None else tuple(lens.tolist()))

@@ -179,7 +179,7 @@ def run(cfg: EncoderConfig, full: bool, device, reps: int = 5, variants=("hf_eag
     if "fast" in variants:                    # fast mode's default warm-up (`fast.warmup`, as from_pretrained runs it)
         with torch.inference_mode(): warm["fast"] = warmup(encs["fast"])
         log(f"[{time.time() - t0:6.1f} s] fast mode warm-up: {warm['fast']:.1f} s")
-    read_ms = {v: weight_bytes / bw / 1e6 for v in variants}   # the decoder's weights read once at the measured bandwidth
+    read_ms = {v: weight_bytes / bw / 1e6 for v in variants}   # the decoder's weights read once, at the bandwidth
     rows, hf_out = [], {}
     err = lambda x, ref: diff_row(x, ref)["rel_l2"]
     def timed(todo, variants, ref_to):      # one row per case and variant; `ref_to`: the case's HF eager output
@@ -234,7 +234,8 @@ def run(cfg: EncoderConfig, full: bool, device, reps: int = 5, variants=("hf_eag
         encs["fast"].load_state_dict(enc.state_dict(), assign=True)   # one FP8 copy: both modes hold enc's tensors
         for e in encs.values(): apply_fast(e, e.fast)   # new runners: the bf16 graphs go with the old ones
         with torch.inference_mode(): warm["fp8_fast"] = warmup(encs["fast"])
-        fp8_bytes = sum(t.numel() * t.element_size() for t in (*enc.text.layers.parameters(), *enc.text.layers.buffers()))
+        layers = enc.text.layers
+        fp8_bytes = sum(t.numel() * t.element_size() for t in (*layers.parameters(), *layers.buffers()))
         read_ms |= {"fp8_exact": fp8_bytes / bw / 1e6, "fp8_fast": fp8_bytes / bw / 1e6}
         gib = torch.cuda.memory_allocated(device) / 2**30 if cuda else 0
         log(f"[{time.time() - t0:6.1f} s] FP8 decoder, {gib:.1f} GiB in all; warm-up {warm['fp8_fast']:.1f} s")
@@ -278,7 +279,8 @@ def main(argv=None) -> int:
     import transformers
     meta = provenance(dev, a.commit, cmd) | dict(transformers=transformers.__version__, layers=cfg.selected_layer)
     cols = ["case", "tokens", "variant", "ms", "x_hf_eager", "x_hf_compiled", "x_fast", "mfu", "x_floor",
-            "first_call_s", "first_call_over_s", "x_weight_read", "warmup_s", "peak_act_gib", "bitwise_to_hf", "rel_l2_to_fp32", "err_x_hf", "batch_ratio", "floor_ratio"]
+            "first_call_s", "first_call_over_s", "x_weight_read", "warmup_s", "peak_act_gib", "bitwise_to_hf",
+            "rel_l2_to_fp32", "err_x_hf", "batch_ratio", "floor_ratio"]
     write_csv(df, out, meta, shown=df[[c for c in cols if c in df]].to_string(float_format=lambda v: f"{v:.3g}"))
     return 0
 
