@@ -5,10 +5,12 @@
 # %% auto #0
 __all__ = ['FAST_BOUND', 'TP_BOUND', 'FP8_BOUND', 'MODEL_FLAGS', 'DEMO_PROMPT', 'RC_DIR', 'is_rank0', 'check_out', 'check_apart',
            'write_out', 'cmd_make_tiny', 'cmd_encode', 'parity', 'why', 'cmd_check', 'model_flags', 'cmd_demo',
-           'command_line', 'launch', 'cmd_validate', 'parser', 'main', 'Interrupted']
+           'command_line', 'die_with_parent', 'launch', 'cmd_validate', 'cmd_encode_dataset', 'parser', 'main',
+           'Interrupted']
 
 # %% ../nbs/12_cli.ipynb #b3e51cd5
 import os
+import ctypes
 import sys
 import shlex
 import signal
@@ -86,14 +88,15 @@ def check_apart(path, inputs) -> Path:
                                       "name another output file")
     return t
 
-def write_out(tensors: dict, path) -> Path:
-    "Write `tensors` to `check_out(path)` atomically (temp file + rename); new files get `0666 & ~umask`."
+def write_out(tensors: dict, path, metadata: dict | None = None) -> Path:
+    ("Write `tensors` (and the string pairs `metadata`) to `check_out(path)` atomically (temp file + rename); new "
+     "files get `0666 & ~umask`.")
     t = check_out(path)
     mode = t.stat().st_mode & 0o7777 if t.exists() else 0o666 & ~_umask()
     fd, tmp = tempfile.mkstemp(dir=t.parent, prefix=f".{t.name}.", suffix=".tmp")
     try:
         os.close(fd)
-        save_file(tensors, tmp)
+        save_file(tensors, tmp, metadata)
         with open(tmp, "rb+") as f: os.fsync(f.fileno())
         os.chmod(tmp, mode)
         os.replace(tmp, t)
@@ -331,6 +334,12 @@ def command_line(args: list[str]) -> str:
     "`args` as a shell reads them back (quoted where needed), each over 200 characters cut short."
     return " ".join(_short(shlex.quote(x)) for x in args)
 
+def die_with_parent(sig: int = signal.SIGTERM):
+    ("Linux: this process gets `sig` when its parent dies (prctl PR_SET_PDEATHSIG), so that a launcher killed with "
+     "SIGKILL leaves no torchrun or rank behind; elsewhere nothing.")
+    try: ctypes.CDLL(None, use_errno=True).prctl(1, int(sig), 0, 0, 0)   # 1 = PR_SET_PDEATHSIG
+    except (OSError, AttributeError): pass
+
 def launch(args: list[str], n: int, what: str = "running") -> int:
     ("`qwen3vl-l50 args` on `n` local ranks under torchrun; returns the CLI's exit code (2 for bad input, said once), "
      "not torchrun's 1 with its launcher traceback. SIGINT and SIGTERM go on to torchrun, which stops the ranks; it "
@@ -340,7 +349,7 @@ def launch(args: list[str], n: int, what: str = "running") -> int:
     print(f"{what} on {n} rank{'' if n == 1 else 's'}: {command_line(argv[2:])}", flush=True)
     got = []
     with tempfile.TemporaryDirectory() as d:
-        p = subprocess.Popen(argv, env=os.environ | {"OMP_NUM_THREADS": "1", RC_DIR: d})
+        p = subprocess.Popen(argv, env=os.environ | {"OMP_NUM_THREADS": "1", RC_DIR: d}, preexec_fn=die_with_parent)
         def forward(sig, frame): got.append(sig); p.send_signal(sig)
         old = _on_signals(forward)
         try: rc = p.wait()   # a signal runs `forward`, then the wait goes on
@@ -356,6 +365,15 @@ def cmd_validate(a) -> int:
     init_world(a.device, timeout_s=3600)   # the other ranks wait for rank 0's reference (minutes at 50 layers)
     from .validate import run_validate
     return run_validate(a)
+
+def cmd_encode_dataset(a) -> int:
+    ("Encode a prompts file into `--out` on every rank of the world (replicas x `--tp`; `dataset`, imported only "
+     "here); rank 0 says what was done.")
+    if "TORCHELASTIC_RUN_ID" in os.environ: die_with_parent()   # torchrun's agent killed: this rank stops too
+    from .dataset import encode_dataset
+    s = encode_dataset(a.model, a.prompts, a.out, a.layer, a.tp, a.mode, a.reduce, a.quant, a.fp8_granularity,
+                       a.fp8_act, a.dtype, a.device, a.batch_tokens, a.cache, a.overwrite, a.max_pixels)
+    if s is not None and is_rank0(): print(f"{s}; in {a.out}", flush=True)
 
 # %% ../nbs/12_cli.ipynb #2580c14e
 def parser() -> argparse.ArgumentParser:
@@ -436,13 +454,42 @@ def parser() -> argparse.ArgumentParser:
                    "cuda:LOCAL_RANK")
     s.add_argument("--nproc", type=int, default=None, help="run on this many local ranks (torchrun is started for "
                    "you); at least the largest --tp")
+    s = sub.add_parser("encode-dataset", help="encode a prompts file into safetensors shards, a manifest.parquet and "
+                       "provenance.json, across replicas x --tp ranks; resumable (15_dataset)")
+    s.add_argument("--model", required=True, help="HF-format checkpoint directory")
+    s.add_argument("--prompts", required=True, help='JSON Lines, one prompt a line: {"id": ..., "text": ..., '
+                   '"images": [...], "videos": [...]} or {"id": ..., "input_ids": [...]} (paths relative to the file)')
+    s.add_argument("--out", required=True, help="output directory: shard-*.safetensors, manifest.parquet, "
+                   "provenance.json; the same command again finishes an interrupted job")
+    s.add_argument("--layer", type=int, default=None,
+                   help="selected layer N (default: 50, or the checkpoint's layer count if smaller)")
+    s.add_argument("--tp", type=int, default=1, help="ranks per replica (tensor-parallel size); the world is "
+                   "replicas x TP (default 1: every rank a replica)")
+    s.add_argument("--mode", choices=MODES, default="exact", help="exact: one encode call a prompt (transformers' "
+                   "bits); fast: token-budget batches through encode_batch")
+    s.add_argument("--reduce", choices=REDUCE_MODES, default="fp32", help="precision of the row-parallel all-reduce")
+    s.add_argument("--quant", choices=["fp8"], default=None, help="online FP8 (e4m3) for the decoder projections")
+    s.add_argument("--fp8-granularity", choices=GRANULARITIES, default="channel", help="FP8 weight scales")
+    s.add_argument("--fp8-act", choices=ACT_MODES, default="token", help="FP8 activation scales (dynamic)")
+    s.add_argument("--dtype", choices=list(_DTYPES), default="bf16", help="weights, compute and output (default bf16)")
+    s.add_argument("--batch-tokens", type=int, default=8192, help="tokens per batch and shard (default %(default)s: "
+                   "on an H200 at 32B dimensions, 8,192-token batches were the fastest measured, issue #29)")
+    s.add_argument("--cache", default=None, help="directory of embeddings kept across runs, by input and numerics "
+                   "settings: an input seen before is read, not encoded")
+    s.add_argument("--overwrite", action="store_true", help="replace the embeddings of another job in --out")
+    s.add_argument("--max-pixels", type=int, default=None,
+                   help="cap on the pixels of each picture and video frame (default: the checkpoint's processor's)")
+    s.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available); torchrun: "
+                   "cuda:LOCAL_RANK")
+    s.add_argument("--nproc", type=int, default=None, help="run on this many local ranks (torchrun is started for "
+                   "you): replicas x --tp")
     return p
 
 def main(argv=None) -> int:
     "Entry point of `qwen3vl-l50`."
     argv = sys.argv[1:] if argv is None else list(argv)
     a = parser().parse_args(argv)
-    if a.cmd in ("encode", "check", "validate") and a.nproc is not None and "WORLD_SIZE" not in os.environ:
+    if a.cmd in ("encode", "check", "validate", "encode-dataset") and a.nproc is not None and "WORLD_SIZE" not in os.environ:
         if a.nproc < 1: return _fail(a.cmd, f"--nproc {a.nproc}: give 1 or more ranks")
         rc = launch([x for i, x in enumerate(argv) if not _nproc(argv, i)], a.nproc, f"{a.cmd}")
         if rc > 128: print(f"qwen3vl-l50 {a.cmd}: interrupted by {signal.Signals(rc - 128).name}: torchrun and its "
@@ -451,7 +498,7 @@ def main(argv=None) -> int:
     old = _on_signals(_interrupt)
     try:
         rc = {"make-tiny": cmd_make_tiny, "encode": cmd_encode, "check": cmd_check, "demo": cmd_demo,
-              "validate": cmd_validate}[a.cmd](a) or 0
+              "validate": cmd_validate, "encode-dataset": cmd_encode_dataset}[a.cmd](a) or 0
     except (ValueError, OSError) as e:   # bad input, a file that can't be read or written: the message, not a traceback
         _report(f"qwen3vl-l50 {a.cmd}: error: {e}")
         rc = 2
