@@ -16,6 +16,7 @@ import threading
 import time
 from pathlib import Path
 from typing import NamedTuple
+from collections import Counter
 from collections.abc import Mapping
 import torch
 import torch.distributed as dist
@@ -198,7 +199,7 @@ def run_batch(enc: Encoder, batch: list[Item], prompts: list[Prompt], proc: Proc
 
 # %% ../nbs/15_dataset.ipynb #94d31fea
 class Progress:
-    "Rank 0's bar over the job: the tokens of the shards in `out` (`sizes`: batch -> tokens), polled by a thread."
+    "Rank 0's bar over the job: the tokens of the shards in `out` (`sizes`: batch -> tokens; `counts`: -> prompts), polled by a thread."
     def __init__(self, out, sizes: dict, counts: dict, done: set, show: bool = True, every: float = 0.5):
         self.out, self.sizes, self.counts, self.every = Path(out), sizes, counts, every
         self.done, self.stop = set(done), threading.Event()
@@ -356,7 +357,8 @@ def encode_dataset(model, prompts_file, out, layer: int | None = None, tp: int =
         dist.get_rank() // tp if dist.is_initialized() else 0]
     enc = Encoder.from_pretrained(model, cfg.selected_layer, {"bf16": torch.bfloat16, "fp32": torch.float32}[dtype],
                                   dev, group, reduce, quant, granularity, act, progress=False, mode=mode)
-    t1, counts = time.perf_counter(), {k: len(b) for k, b in enumerate(batches)}
+    per = Counter(it.hash for it in items)   # a batch's prompts: its inputs and their duplicates
+    t1, counts = time.perf_counter(), {k: sum(per[it.hash] for it in b) for k, b in enumerate(batches)}
     with Progress(out, sizes, counts, done, show=progress and is_rank0()) as bar:
         for k in mine:
             t = time.perf_counter()
@@ -370,7 +372,7 @@ def encode_dataset(model, prompts_file, out, layer: int | None = None, tp: int =
     check_shards(out, batches)
     new = [k for k in sizes if k not in done]
     hits = sum(int(_meta(Path(out) / shard_name(k)).get("cache_hits", 0)) for k in new)
-    s = Summary("done", len(items), sum(it.tokens for it in items), sum(counts[k] for k in new),
+    s = Summary("done", len(items), sum(it.tokens for it in items), sum(len(batches[k]) for k in new),
                 sum(sizes[k] for k in new), hits, dup, secs, world)
     write_manifest(out, items, batches, run_provenance(model, settings, dev, world, tp, s, len(done), time.perf_counter()
                                                        - t0, prompts_file, command))
