@@ -9,7 +9,6 @@ __all__ = ['JOB', 'MANIFEST', 'PROVENANCE', 'OURS', 'NUMERICS', 'input_hash', 'I
            'load_embeddings', 'Summary', 'encode_dataset', 'run_provenance']
 
 # %% ../nbs/15_dataset.ipynb #1ea892b2
-import datetime
 import json
 import os
 import threading
@@ -68,7 +67,7 @@ def plan_batches(items: list[Item], batch_tokens: int) -> list[list[Item]]:
 
 # %% ../nbs/15_dataset.ipynb #06260920
 def assign(sizes: dict[int, int], replicas: int) -> list[list[int]]:
-    "Batch numbers (`{batch: tokens}`) shared among `replicas` by tokens, largest first to the least loaded; each sorted."
+    "Batches (`{batch: tokens}`) shared among `replicas` by tokens, largest first to the least loaded; each sorted."
     load, out = [0] * replicas, [[] for _ in range(replicas)]
     for b in sorted(sizes, key=lambda b: (-sizes[b], b)):
         r = min(range(replicas), key=lambda r: (load[r], r))
@@ -199,7 +198,8 @@ def run_batch(enc: Encoder, batch: list[Item], prompts: list[Prompt], proc: Proc
 
 # %% ../nbs/15_dataset.ipynb #94d31fea
 class Progress:
-    "Rank 0's bar over the job: the tokens of the shards in `out` (`sizes`: batch -> tokens; `counts`: -> prompts), polled by a thread."
+    ("Rank 0's bar over the job: the tokens of the shards in `out` (`sizes`: batch -> tokens; `counts`: -> prompts), "
+     "polled by a thread.")
     def __init__(self, out, sizes: dict, counts: dict, done: set, show: bool = True, every: float = 0.5):
         self.out, self.sizes, self.counts, self.every = Path(out), sizes, counts, every
         self.done, self.stop = set(done), threading.Event()
@@ -374,8 +374,9 @@ def encode_dataset(model, prompts_file, out, layer: int | None = None, tp: int =
     hits = sum(int(_meta(Path(out) / shard_name(k)).get("cache_hits", 0)) for k in new)
     s = Summary("done", len(items), sum(it.tokens for it in items), sum(len(batches[k]) for k in new),
                 sum(sizes[k] for k in new), hits, dup, secs, world)
-    write_manifest(out, items, batches, run_provenance(model, settings, dev, world, tp, s, len(done), time.perf_counter()
-                                                       - t0, prompts_file, command))
+    wall = time.perf_counter() - t0
+    prov = run_provenance(model, settings, dev, world, tp, s, len(done), wall, prompts_file, command)
+    write_manifest(out, items, batches, prov)
     return s
 
 def _meta(p: Path) -> dict:

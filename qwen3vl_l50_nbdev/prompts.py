@@ -86,7 +86,7 @@ def _pretokenized(d: dict, pid: str, where: str) -> Prompt:
 
 # %% ../nbs/11a_prompts.ipynb #57402244
 def process_prompt(q: Prompt, proc: Processor, cfg: EncoderConfig) -> dict:
-    "`encode`'s inputs of prompt `q`: through `proc` (chat template), or its `input_ids`; checked, errors name `file:line`."
+    "`encode`'s inputs of `q`: through `proc` (chat template), or its `input_ids`; checked, errors name `file:line`."
     try:
         x = (as_prompt(cfg, torch.tensor(q.input_ids)) if q.input_ids is not None
              else as_prompt(cfg, **proc(q.text, images=list(q.images), videos=list(q.videos))))

@@ -1,4 +1,4 @@
-"`qwen3vl-l50 encode-dataset`: replicas and TP on gloo, killed and resumed jobs, dedup, the cache, refusals, two launchers."
+"`qwen3vl-l50 encode-dataset`: replicas and TP on gloo, killed and resumed jobs, dedup, cache, refusals, two launchers."
 import json
 import os
 import random
@@ -39,8 +39,8 @@ def mixed(tmp_path_factory):
     Image.open(sample_photo()).resize((40, 48)).save(d / "photo.png")
     lines = [dict(id="photo", text="A portrait.", images=["photo.png"]), dict(id="dup", text="A portrait.",
              images=["photo.png"])]
-    lines += [dict(id=f"t{i}", text=" ".join(r.choice(["sea", "gull", "rock", "boat"]) for _ in range(r.randrange(3, 60))))
-              for i in range(6)]
+    words = lambda: " ".join(r.choice(["sea", "gull", "rock", "boat"]) for _ in range(r.randrange(3, 60)))
+    lines += [dict(id=f"t{i}", text=words()) for i in range(6)]
     lines += [dict(id=f"ids{i}", input_ids=[r.randrange(151000) for _ in range(r.randrange(5, 200))]) for i in range(5)]
     (d / "p.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
     return d / "p.jsonl"
@@ -50,7 +50,8 @@ def mixed(tmp_path_factory):
 def long(tmp_path_factory):
     "Pre-tokenized prompts long enough (2,500-5,000 random ids each) that a 2-rank job runs several seconds."
     r, d = random.Random(SEED + 1), tmp_path_factory.mktemp("long")
-    lines = [dict(id=f"q{i}", input_ids=[r.randrange(151000) for _ in range(r.randrange(2500, 5000))]) for i in range(36)]
+    ids = lambda: [r.randrange(151000) for _ in range(r.randrange(2500, 5000))]
+    lines = [dict(id=f"q{i}", input_ids=ids()) for i in range(36)]
     (d / "long.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
     return d / "long.jsonl"
 
@@ -67,8 +68,8 @@ def run(*a, timeout=300):
 def singles(ckpt, prompts) -> dict:
     "`encode` of each prompt in this process, TP 1, exact: the bits a dataset job in exact mode must give."
     enc = Encoder.from_pretrained(ckpt, 3, progress=False)
-    xs = process_prompts(read_prompts(prompts), Processor.from_pretrained(ckpt, max_pixels=4096, min_pixels=1024,
-                                                                          video=dict(max_pixels=4096, min_pixels=1024)), enc.cfg)
+    px = dict(max_pixels=4096, min_pixels=1024)   # as --max-pixels 4096 gives
+    xs = process_prompts(read_prompts(prompts), Processor.from_pretrained(ckpt, video=px, **px), enc.cfg)
     return {p: enc.encode(**x) for p, x in xs.items()}
 
 
@@ -135,7 +136,7 @@ def _alive(pid: int) -> bool:
 _REF = {}
 
 
-@pytest.mark.parametrize("how,mode", [("rank", "exact"), ("rank", "fast"), ("launcher", "fast"), ("sigint", "exact")])
+@pytest.mark.parametrize("how,mode", [("rank", "fast"), ("launcher", "exact"), ("sigint", "fast")])   # each stop once
 def test_killed_then_resumed(how, mode, ckpt, long, tmp_path):
     ("A 2-replica job stopped mid-way (SIGKILL of a rank, SIGKILL of the launcher, Ctrl-C), then the same command: "
      "every prompt once, every shard whole, the bits of an uninterrupted one-process run.")
@@ -153,8 +154,8 @@ def test_killed_then_resumed(how, mode, ckpt, long, tmp_path):
         procs = _tree(p.pid)
         assert p.poll() is None, "the job ended before it could be stopped: make the prompts longer\n" + p.stdout.read()
         torchrun = _kids(p.pid)[0]
-        {"rank": lambda: os.kill(max(_kids(torchrun)), signal.SIGKILL), "launcher": lambda: os.kill(p.pid, signal.SIGKILL),
-         "sigint": lambda: os.kill(p.pid, signal.SIGINT)}[how]()
+        if how == "rank": os.kill(max(_kids(torchrun)), signal.SIGKILL)
+        else: os.kill(p.pid, signal.SIGKILL if how == "launcher" else signal.SIGINT)
         try: p.wait(timeout=60)
         except subprocess.TimeoutExpired: pytest.fail("the job did not end within 60 s")
         t1 = time.monotonic()
