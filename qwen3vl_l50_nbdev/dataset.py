@@ -5,8 +5,8 @@
 # %% auto #0
 __all__ = ['JOB', 'MANIFEST', 'PROVENANCE', 'OURS', 'NUMERICS', 'input_hash', 'Item', 'distinct', 'plan_batches', 'assign',
            'shard_name', 'prompts_digest', 'job_settings', 'differences', 'check_dir', 'Cache', 'scan', 'encode_items',
-           'run_batch', 'Progress', 'manifest_rows', 'check_shards', 'write_manifest', 'read_embedding', 'Embeddings',
-           'load_embeddings', 'Summary', 'encode_dataset', 'run_provenance']
+           'run_batch', 'write_shard', 'Progress', 'manifest_rows', 'check_shards', 'write_manifest', 'read_embedding',
+           'Embeddings', 'load_embeddings', 'Summary', 'encode_dataset', 'run_provenance']
 
 # %% ../nbs/15_dataset.ipynb #1ea892b2
 import json
@@ -181,20 +181,25 @@ def encode_items(enc: Encoder, xs: list[dict], mode: str) -> list[torch.Tensor]:
     if not xs: return []
     return [enc.encode(**x) for x in xs] if mode == "exact" else enc.encode_batch(xs)
 
-def run_batch(enc: Encoder, batch: list[Item], prompts: list[Prompt], proc: Processor, mode: str,
-              cache: Cache | None = None) -> tuple[dict, int]:
-    "`{id: embedding}` of `batch` (its prompts processed again, cached ones read) and how many came from `cache`."
+def run_batch(enc: Encoder, batch: list[Item], inputs, mode: str, cache: Cache | None = None) -> tuple[dict, int]:
+    ("`{id: embedding}` of `batch` (`inputs(item)`: its `encode` inputs; cached ones read, not encoded) and how many "
+     "came from `cache`.")
     got = {it.id: cache.get(it.hash) for it in batch} if cache else {}
     todo = [it for it in batch if got.get(it.id) is None]
-    hs = encode_items(enc, [process_prompt(prompts[it.index], proc, enc.cfg) for it in todo], mode)
+    hs = encode_items(enc, [inputs(it) for it in todo], mode)
     for it, h in zip(todo, hs, strict=True):
         if not bool(torch.isfinite(h).all()):
-            raise ValueError(f"{prompts[it.index].where}: the embedding of {it.id!r} holds NaN or Inf; nothing was "
-                             "written for its shard. The weights or inputs hold non-finite values, or the model "
-                             "overflows its dtype: `qwen3vl-l50 check` against transformers")
+            raise ValueError(f"the embedding of prompt {it.id!r} holds NaN or Inf; nothing was written for its shard. "
+                             "The weights or inputs hold non-finite values, or the model overflows its dtype: "
+                             "`qwen3vl-l50 check` against transformers")
         got[it.id] = h
         if cache and enc.group.rank == 0: cache.put(it.hash, h)
     return {it.id: got[it.id] for it in batch}, len(batch) - len(todo)
+
+def write_shard(out, k: int, embs: dict, hits: int, seconds: float) -> Path:
+    "Shard `k` of `out`: `embs` (contiguous), with how many came from the cache and the seconds it took, atomically."
+    return write_out({i: t.contiguous() for i, t in embs.items()}, Path(out) / shard_name(k),
+                     metadata=dict(cache_hits=str(hits), seconds=f"{seconds:.6f}"))
 
 # %% ../nbs/15_dataset.ipynb #94d31fea
 class Progress:
@@ -362,10 +367,9 @@ def encode_dataset(model, prompts_file, out, layer: int | None = None, tp: int =
     with Progress(out, sizes, counts, done, show=progress and is_rank0()) as bar:
         for k in mine:
             t = time.perf_counter()
-            embs, hits = run_batch(enc, batches[k], prompts, proc, mode, store)
-            if enc.group.rank == 0:
-                write_out(embs, Path(out) / shard_name(k), metadata=dict(cache_hits=str(hits),
-                                                                         seconds=f"{time.perf_counter() - t:.6f}"))
+            again = lambda it: process_prompt(prompts[it.index], proc, cfg)   # processed again: not kept in memory
+            embs, hits = run_batch(enc, batches[k], again, mode, store)
+            if enc.group.rank == 0: write_shard(out, k, embs, hits, time.perf_counter() - t)
         if not is_rank0(): return None
         while len(bar.poll()) < len(batches): time.sleep(0.2)   # the other replicas' shards
     secs = time.perf_counter() - t1
