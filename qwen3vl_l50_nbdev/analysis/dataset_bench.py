@@ -11,6 +11,7 @@ import random
 import sys
 import tempfile
 import time
+from pathlib import Path
 import torch
 import pandas as pd
 from ..config import EncoderConfig, qwen3vl_32b, tiny
@@ -70,8 +71,9 @@ def dataset_job(enc, batch_tokens: int, out_dir):
 
 # %% ../../nbs/analysis/07a_dataset_bench.ipynb #6cd6f40a
 def run(cfg: EncoderConfig, n: int, device, batch_tokens: int = 8192, fp8: bool = True, hf: bool = True,
-        seed: int = 0, log=print) -> pd.DataFrame:
-    "Every method over the same `n` prompts; a row each: seconds, tokens/s, share of the GEMM-bound limit."
+        seed: int = 0, log=print, partial=None) -> pd.DataFrame:
+    ("Every method over the same `n` prompts; a row each: seconds, tokens/s, share of the GEMM-bound limit. "
+     "`partial(rows)` after each method: what is measured survives a run stopped by a time limit.")
     t0 = time.time()
     xs = prompt_mix(cfg, n, seed, patches=(256, 1024) if cfg.text.hidden_size >= 1024 else (16, 64))
     tokens = sum(len(x["input_ids"]) for x in xs)
@@ -88,6 +90,7 @@ def run(cfg: EncoderConfig, n: int, device, batch_tokens: int = 8192, fp8: bool 
         sample[name] = out[:64]
         rows.append(dict(method=name, prompts=n, tokens=tokens, seconds=secs, tokens_per_s=tokens / secs))
         log(f"[{time.time() - t0:6.1f} s] {name}: {secs:.2f} s, {tokens / secs:,.0f} tokens/s")
+        if partial: partial(pd.DataFrame(rows).assign(limit_tokens_per_s=limit, gemm_peak_tflops=peak))
     with torch.inference_mode(), tempfile.TemporaryDirectory() as d:
         measure("encode fast", one_at_a_time(fast))
         if hf:
@@ -137,12 +140,14 @@ def main(argv=None) -> int:
     if a.full and dev.type != "cuda": raise SystemExit("--full needs a CUDA device")
     if dev.type == "cuda": torch.cuda.set_device(dev)
     cfg = qwen3vl_32b(a.layers) if a.full else tiny(3)
-    df = run(cfg, a.n or (2000 if a.full else 24), dev, a.batch_tokens, hf=not a.no_hf,
-             log=lambda m: print(m, flush=True))
     import transformers
     cmd = "python -m qwen3vl_l50_nbdev.analysis.dataset_bench " + " ".join(sys.argv[1:] if argv is None else argv)
     meta = provenance(dev, a.commit, cmd) | dict(transformers=transformers.__version__)
-    out = a.out or data_dir() / f"dataset_{'h200' if a.full else 'cpu'}.csv"
+    out = Path(a.out or data_dir() / f"dataset_{'h200' if a.full else 'cpu'}.csv")
+    part = lambda rows: rows.assign(**meta).to_csv(out.with_suffix(".partial.csv"), index=False)
+    df = run(cfg, a.n or (2000 if a.full else 24), dev, a.batch_tokens, hf=not a.no_hf,
+             log=lambda m: print(m, flush=True), partial=part)
+    out.with_suffix(".partial.csv").unlink(missing_ok=True)
     write_csv(df, out, meta, shown=df[["method", "tokens", "seconds", "tokens_per_s", "of_limit", "x_one_at_a_time"]]
               .to_string(float_format=lambda v: f"{v:.3g}") + "\n" + targets(df).to_string())
     return 0
