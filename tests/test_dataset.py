@@ -1,0 +1,226 @@
+"`qwen3vl-l50 encode-dataset`: replicas and TP on gloo, killed and resumed jobs, dedup, cache, refusals, two launchers."
+import json
+import os
+import random
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import pyarrow.parquet as pq
+import pytest
+import torch
+from safetensors import safe_open
+
+from qwen3vl_l50_nbdev.cli import main
+from qwen3vl_l50_nbdev.dataset import encode_dataset, load_embeddings, MANIFEST
+from qwen3vl_l50_nbdev.encoder import Encoder
+from qwen3vl_l50_nbdev.inputs import Processor, sample_photo
+from qwen3vl_l50_nbdev.prompts import read_prompts, process_prompts
+
+ENV = os.environ | {"OMP_NUM_THREADS": "1"}
+CLI = [sys.executable, "-m", "qwen3vl_l50_nbdev.cli"]
+SEED = random.SystemRandom().randrange(2 ** 31)   # fresh inputs each session; printed when a test fails
+
+
+@pytest.fixture(scope="module")
+def ckpt(tmp_path_factory):
+    d = tmp_path_factory.mktemp("model") / "m"
+    assert main(["make-tiny", str(d), "--real-vocab"]) == 0
+    return d
+
+
+@pytest.fixture(scope="module")
+def mixed(tmp_path_factory):
+    "A photograph, texts, a line repeated under another id, pre-tokenized lines: random lengths and ids."
+    from PIL import Image
+    r, d = random.Random(SEED), tmp_path_factory.mktemp("mixed")
+    Image.open(sample_photo()).resize((40, 48)).save(d / "photo.png")
+    lines = [dict(id="photo", text="A portrait.", images=["photo.png"]), dict(id="dup", text="A portrait.",
+             images=["photo.png"])]
+    words = lambda: " ".join(r.choice(["sea", "gull", "rock", "boat"]) for _ in range(r.randrange(3, 60)))
+    lines += [dict(id=f"t{i}", text=words()) for i in range(6)]
+    lines += [dict(id=f"ids{i}", input_ids=[r.randrange(151000) for _ in range(r.randrange(5, 200))]) for i in range(5)]
+    (d / "p.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
+    return d / "p.jsonl"
+
+
+@pytest.fixture(scope="module")
+def long(tmp_path_factory):
+    "Pre-tokenized prompts long enough (2,500-5,000 random ids each) that a 2-rank job runs several seconds."
+    r, d = random.Random(SEED + 1), tmp_path_factory.mktemp("long")
+    ids = lambda: [r.randrange(151000) for _ in range(r.randrange(2500, 5000))]
+    lines = [dict(id=f"q{i}", input_ids=ids()) for i in range(36)]
+    (d / "long.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
+    return d / "long.jsonl"
+
+
+def args(ckpt, prompts, out, *more):
+    return ["encode-dataset", "--model", str(ckpt), "--prompts", str(prompts), "--out", str(out), "--layer", "3",
+            "--max-pixels", "4096", *map(str, more)]
+
+
+def run(*a, timeout=300):
+    return subprocess.run([*CLI, *a], env=ENV, capture_output=True, text=True, timeout=timeout)
+
+
+def singles(ckpt, prompts) -> dict:
+    "`encode` of each prompt in this process, TP 1, exact: the bits a dataset job in exact mode must give."
+    enc = Encoder.from_pretrained(ckpt, 3, progress=False)
+    px = dict(max_pixels=4096, min_pixels=1024)   # as --max-pixels 4096 gives
+    xs = process_prompts(read_prompts(prompts), Processor.from_pretrained(ckpt, video=px, **px), enc.cfg)
+    return {p: enc.encode(**x) for p, x in xs.items()}
+
+
+def shards_ok(out) -> dict:
+    "Every shard whole (readable) and no id in two of them: `{id: shard}`."
+    where = {}
+    for f in sorted(out.glob("shard-*.safetensors")):
+        with safe_open(f, "pt") as s:
+            for k in s.keys():
+                assert k not in where, f"{k} in {where[k]} and {f.name}"
+                where[k] = f.name
+    return where
+
+
+def same(out, ref: dict):
+    emb = load_embeddings(out)
+    assert sorted(emb) == sorted(ref), (sorted(emb), sorted(ref))
+    for k, t in ref.items(): assert torch.equal(emb[k], t), f"{k} differs (seed {SEED})"
+
+
+def test_replicas_and_tp_on_gloo(ckpt, mixed, tmp_path):
+    "2 replicas x TP 1: `encode`'s bits; 1 replica x TP 2: within bf16 noise of them; manifest, provenance, one bar."
+    ref = singles(ckpt, mixed)
+    r = run(*args(ckpt, mixed, tmp_path / "r2", "--batch-tokens", 200, "--nproc", 2))
+    assert r.returncode == 0, r.stdout + r.stderr[-3000:]
+    assert r.stderr.count("encode-dataset:   0%") == 1 and "13/13 prompts" in r.stderr, r.stdout + r.stderr
+    same(tmp_path / "r2", ref)
+    m = pq.read_table(tmp_path / "r2" / MANIFEST).to_pandas()
+    assert list(m.id) == list(ref) and m.id.is_unique and m.set_index("id").tensor["dup"] == "photo"
+    assert (m.tokens == [len(ref[i]) for i in m.id]).all() and m.input_hash.str.len().eq(32).all()
+    prov = json.loads((tmp_path / "r2" / "provenance.json").read_text())
+    assert (prov["replicas"], prov["tp"], prov["world"], prov["mode"], prov["duplicates"]) == (2, 1, 2, "exact", 1)
+    assert {"checkpoint_fingerprint", "package", "commit", "torch", "transformers", "devices", "date", "command",
+            "dtype", "layer", "reduce", "quant"} <= set(prov)
+    r = run(*args(ckpt, mixed, tmp_path / "t2", "--tp", 2, "--batch-tokens", 200, "--nproc", 2))
+    assert r.returncode == 0, r.stdout + r.stderr[-3000:]
+    emb = load_embeddings(tmp_path / "t2")
+    for k, t in ref.items():   # TP 2 sums the row-parallel halves in fp32, then rounds to bf16: a few bf16 ulps
+        e = emb[k].float() - t.float()
+        assert (e.norm() / t.float().norm()) < 2e-2, (k, SEED)
+    assert json.loads((tmp_path / "t2" / "provenance.json").read_text())["replicas"] == 1
+
+
+def _kids(pid: int) -> list[int]:
+    out = []
+    for p in os.listdir("/proc"):
+        if p.isdigit():
+            try:
+                if int(open(f"/proc/{p}/stat").read().rsplit(")", 1)[1].split()[1]) == pid: out.append(int(p))
+            except OSError: pass
+    return out
+
+
+def _tree(pid: int) -> list[int]:
+    kids = _kids(pid)
+    return kids + [g for k in kids for g in _tree(k)]
+
+
+def _alive(pid: int) -> bool:
+    try: return open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError: return False
+
+
+_REF = {}
+
+
+@pytest.mark.parametrize("how,mode", [("rank", "fast"), ("launcher", "exact"), ("sigint", "fast")])   # each stop once
+def test_killed_then_resumed(how, mode, ckpt, long, tmp_path):
+    ("A 2-replica job stopped mid-way (SIGKILL of a rank, SIGKILL of the launcher, Ctrl-C), then the same command: "
+     "every prompt once, every shard whole, the bits of an uninterrupted one-process run.")
+    if mode not in _REF:   # uninterrupted, one process: the replicas must not change the bits either
+        encode_dataset(ckpt, long, tmp_path / f"ref-{mode}", layer=3, mode=mode, batch_tokens=9000, progress=False)
+        e = load_embeddings(tmp_path / f"ref-{mode}"); _REF[mode] = {k: e[k] for k in e}
+    out = tmp_path / "out"
+    cmd = [*CLI, *args(ckpt, long, out, "--mode", mode, "--batch-tokens", 9000), "--nproc", "2"]
+    p = subprocess.Popen(cmd, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                         start_new_session=True)
+    try:
+        t0 = time.monotonic()
+        while not list(out.glob("shard-*.safetensors")) and p.poll() is None and time.monotonic() - t0 < 120:
+            time.sleep(0.02)
+        procs = _tree(p.pid)
+        assert p.poll() is None, "the job ended before it could be stopped: make the prompts longer\n" + p.stdout.read()
+        torchrun = _kids(p.pid)[0]
+        if how == "rank": os.kill(max(_kids(torchrun)), signal.SIGKILL)
+        else: os.kill(p.pid, signal.SIGKILL if how == "launcher" else signal.SIGINT)
+        try: p.wait(timeout=60)
+        except subprocess.TimeoutExpired: pytest.fail("the job did not end within 60 s")
+        t1 = time.monotonic()
+        while [q for q in procs if _alive(q)] and time.monotonic() - t1 < 60: time.sleep(0.1)
+        assert not [q for q in procs if _alive(q)], "a rank or torchrun outlived the job"
+    finally:
+        try: os.killpg(p.pid, signal.SIGKILL)
+        except ProcessLookupError: pass
+    assert not (out / MANIFEST).exists()
+    before = shards_ok(out)
+    assert 0 < len(before) < len(_REF[mode]), f"{len(before)} of {len(_REF[mode])} done: not stopped mid-job"
+    r = subprocess.run(cmd, env=ENV, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr[-3000:]
+    assert f"of {len(_REF[mode])} " in r.stdout and f"encoded {len(_REF[mode])} prompts" not in r.stdout, r.stdout
+    after = shards_ok(out)
+    assert sorted(after) == sorted(_REF[mode]) and all(after[k] == v for k, v in before.items())
+    assert not list(out.glob(".*tmp")), list(out.iterdir())
+    same(out, _REF[mode])
+
+
+def test_dedup_cache_finished_and_refusals(ckpt, mixed, tmp_path, capsys):
+    ("In one process: a duplicate encoded once; --cache serves a second job; a finished DIR is left alone; other "
+     "settings are refused with the difference named; --overwrite; bad input before any weight.")
+    ref = singles(ckpt, mixed)
+    a = args(ckpt, mixed, tmp_path / "a", "--cache", tmp_path / "cache")
+    assert main(a) == 0
+    out = capsys.readouterr().out
+    assert "encoded 12 prompts" in out and "1 duplicates, 0 cache hits" in out, out
+    same(tmp_path / "a", ref)
+    stamp = {f: f.stat().st_mtime_ns for f in (tmp_path / "a").iterdir()}
+    assert main(a) == 0 and "nothing to do: all 13 prompts" in capsys.readouterr().out
+    assert stamp == {f: f.stat().st_mtime_ns for f in (tmp_path / "a").iterdir()}
+    assert main(args(ckpt, mixed, tmp_path / "b", "--cache", tmp_path / "cache")) == 0   # another DIR, the cache
+    assert "12 cache hits" in capsys.readouterr().out
+    same(tmp_path / "b", ref)
+    assert main(args(ckpt, mixed, tmp_path / "a", "--batch-tokens", 100)[:-2] + ["--layer", "2"]) == 2
+    err = capsys.readouterr().err
+    assert "holds another job's embeddings: layer 3 there, 2 now" in err and "--overwrite" in err, err
+    assert main(args(ckpt, mixed, tmp_path / "a", "--mode", "fast")) == 2
+    assert "mode 'exact' there, 'fast' now" in capsys.readouterr().err
+    assert main(args(ckpt, mixed, tmp_path / "a", "--mode", "fast", "--overwrite")) == 0
+    assert json.loads((tmp_path / "a" / "job.json").read_text())["mode"] == "fast"
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"text": "fine"}\n{"input_ids": [1, "two"]}\n')
+    assert main(args(ckpt, bad, tmp_path / "c")) == 2
+    err = capsys.readouterr().err
+    assert f"{bad}:2: \"input_ids\" must be a non-empty list" in err and not (tmp_path / "c").exists(), err
+    (tmp_path / "d").mkdir(); (tmp_path / "d" / "mine.txt").write_text("x")
+    assert main(args(ckpt, mixed, tmp_path / "d")) == 2 and "not an encode-dataset job's" in capsys.readouterr().err
+    r = run(*args(ckpt, mixed, tmp_path / "e", "--tp", 3, "--nproc", 2))
+    assert r.returncode == 2 and "--tp 3: the 2 ranks are replicas x TP" in r.stderr, r.stderr[-2000:]
+    assert "Traceback" not in r.stderr
+
+
+def test_two_launchers_one_job(ckpt, mixed, tmp_path):
+    "Two torchrun launchers (--nnodes 2, c10d rendezvous on localhost) run one job of 2 replicas: `encode`'s bits."
+    with socket.socket() as s: s.bind(("localhost", 0)); port = s.getsockname()[1]
+    tr = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc_per_node", "1", "--rdzv-backend",
+          "c10d", "--rdzv-endpoint", f"localhost:{port}", "--rdzv-id", f"t{SEED}", "-m", "qwen3vl_l50_nbdev.cli",
+          *args(ckpt, mixed, tmp_path / "o", "--batch-tokens", 200)]
+    ps = [subprocess.Popen(tr, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(2)]
+    try: outs = [p.communicate(timeout=240) for p in ps]
+    finally:
+        for p in ps: p.kill()
+    assert [p.returncode for p in ps] == [0, 0], [o[1][-2000:] for o in outs]
+    assert sum("encoded 12 prompts" in o[0] for o in outs) == 1, outs   # rank 0 says it, once
+    assert json.loads((tmp_path / "o" / "provenance.json").read_text())["world"] == 2
+    same(tmp_path / "o", singles(ckpt, mixed))
