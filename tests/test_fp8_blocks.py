@@ -53,8 +53,8 @@ def test_writer_quantizes_the_linears_transformers_would(ckpts):
     assert cfg["weight_block_size"] == [128, 128] and cfg["activation_scheme"] == "dynamic"
 
 def test_exact_equals_transformers_dequantized_load(ckpts, inputs, exact):
-    "CPU: transformers dequantizes an FP8 checkpoint on load (fp32 product, rounded once to bf16): so do we."
-    pytest.importorskip("accelerate", reason="transformers' FP8 quantizer needs accelerate to load")
+    ("CPU: transformers dequantizes an FP8 checkpoint on load (fp32 product, rounded once to bf16): so do we. "
+     "Its FP8 quantizer needs accelerate (a dev requirement: missing, this fails rather than skips).")
     from qwen3vl_l50_nbdev.testing import hf_reference
     assert torch.equal(exact, hf_reference(ckpts[1], inputs, 3, dtype=torch.bfloat16))
 
