@@ -384,7 +384,8 @@ def load_checkpoint(model: nn.Module, path, progress: bool = True, group: Group 
 
 # %% ../nbs/07_loading.ipynb #8a9c8944
 def unshard(models: list[nn.Module]) -> dict[str, torch.Tensor]:
-    "The full checkpoint tensors (HF names) put back together from every rank's model, in group-rank order."
+    ("The full checkpoint tensors (HF names) put back together from every rank's model, in group-rank order; "
+     "block-FP8 layers give their FP8 weights and `weight_scale_inv` as the checkpoint holds them.")
     out, modules = {}, [dict(m.named_modules()) for m in models]
     for name, _ in models[0].named_parameters():
         owner, _, leaf = name.rpartition(".")
@@ -398,4 +399,14 @@ def unshard(models: list[nn.Module]) -> dict[str, torch.Tensor]:
                 full = torch.cat(parts, dim)
                 out[source_name(name, split)] = full.narrow(dim, 0, full.shape[dim] - mods[0].padding)
             else: out[source_name(name, split)] = parts[0]
+    for name, mod in models[0].named_modules():   # block-FP8 layers: their scales (buffers), by the checkpoint's names
+        if not hasattr(mod, "weight_scale_inv"): continue
+        for split in param_splits(mod, "weight"):
+            parts = [_scale_part(ms[name], split) for ms in modules]
+            out[scale_name(source_name(f"{name}.weight", split))] = torch.cat(parts, mod.shard_dim)
     return out
+
+def _scale_part(mod: nn.Module, split: int | None) -> torch.Tensor:
+    "This rank's block scales of a block-FP8 layer's `split` (its rows of scale blocks; all of them when None)."
+    s = mod.weight_scale_inv
+    return s if split is None else s.split([n // mod.block[0] for n in mod.local_splits])[split]

@@ -4,8 +4,8 @@
 
 # %% auto #0
 __all__ = ['fake_group', 'synthetic_inputs', 'make_tiny_checkpoint', 'hf_shapes', 'broken_checkpoint', 'rewrite_tensors',
-           'edit_config', 'hf_reference', 'hf_forward', 'copy_hf_', 'check_primitives', 'reduce_error',
-           'check_fp8_tp_layers', 'encode_on_ranks']
+           'edit_config', 'hf_reference', 'hf_model', 'hf_layer_states', 'hf_forward', 'copy_hf_', 'check_primitives',
+           'reduce_error', 'check_fp8_tp_layers', 'encode_on_ranks']
 
 # %% ../nbs/13_testing.ipynb #b8fa3892
 import os
@@ -106,12 +106,36 @@ def edit_config(fn):
 @torch.inference_mode()
 def hf_reference(path, inputs: dict, selected_layer: int, dtype=torch.float32, device="cpu") -> torch.Tensor:
     "transformers' unnormalized state after decoder layer `selected_layer-1` for `inputs`: [seq, hidden] on the CPU."
+    model = hf_model(path, selected_layer, dtype, device)
+    return hf_forward(model, EncoderConfig.from_hf(model.config, selected_layer), inputs, device)
+
+def hf_model(path, selected_layer: int, dtype=torch.float32, device="cpu") -> nn.Module:
+    ("transformers' `Qwen3VLModel` of checkpoint `path` as `from_pretrained` loads it (a block-FP8 one: dequantized "
+     "on the CPU), cut at `selected_layer` decoder layers, final norm `Identity`, on `device`.")
     from transformers import Qwen3VLForConditionalGeneration
-    model = (Qwen3VLForConditionalGeneration.from_pretrained(path, dtype=dtype, attn_implementation="sdpa")
-             .model.to(device).eval())
+    from transformers.utils import logging
+    bar = logging.is_progress_bar_enabled()
+    logging.disable_progress_bar()   # a bar per load in every notebook that diffs against it
+    try: model = (Qwen3VLForConditionalGeneration.from_pretrained(path, dtype=dtype, attn_implementation="sdpa")
+                  .model.to(device).eval())
+    finally:
+        if bar: logging.enable_progress_bar()
     lm = model.language_model
     lm.layers, lm.norm = lm.layers[:selected_layer], nn.Identity()
-    return hf_forward(model, EncoderConfig.from_hf(model.config, selected_layer), inputs, device)
+    return model
+
+@torch.inference_mode()
+def hf_layer_states(path, inputs: dict, selected_layer: int, dtype=torch.float32, device="cpu") -> list:
+    ("transformers' state after each decoder layer 0..`selected_layer-1`, after its DeepStack addition, as "
+     "`metrics.layer_states` records ours: [seq, hidden] each, on the CPU.")
+    model = hf_model(path, selected_layer, dtype, device)
+    states = []   # layer i's output is layer i+1's input (a pre-hook sees it after DeepStack); the last: the output
+    hooks = [layer.register_forward_pre_hook(lambda m, args: states.append(args[0][0].cpu()))
+             for layer in model.language_model.layers[1:]]
+    try: states.append(hf_forward(model, EncoderConfig.from_hf(model.config, selected_layer), inputs, device))
+    finally:
+        for h in hooks: h.remove()
+    return states
 
 def hf_forward(model: nn.Module, cfg: EncoderConfig, inputs: dict, device="cpu", to_host=torch.Tensor.cpu
                ) -> torch.Tensor:

@@ -42,7 +42,9 @@ from .fast import MODES
 from .encoder import Encoder
 from .inputs import Processor
 from .prompts import read_prompts, process_prompts
-from .loading import _weight_map, _files, _headers, checkpoint_name
+from .loading import _weight_map, _files, _headers, _pair_scales, checkpoint_name
+from .fp8_blocks import (checkpoint_format, block_kernel, dequantize_blocks, check_scale_values,
+                                          scale_name)
 from .testing import hf_forward
 from .cli import FAST_BOUND, TP_BOUND, FP8_BOUND, is_rank0, _agree
 from .metrics import diff_row, layer_states, no_tf32
@@ -50,7 +52,8 @@ from .provenance import git_commit, provenance
 
 # %% ../nbs/14_validate.ipynb #bbedcbad
 class Variant(NamedTuple):
-    "One deployment choice: TP size, reduction precision ('none' at TP 1), quantization, FP8 granularity, mode."
+    ("One deployment choice: TP size, reduction precision ('none' at TP 1), quantization ('blocks': a block-FP8 "
+     "checkpoint's block-scaled GEMMs), FP8 granularity, mode.")
     tp: int = 1
     reduce: str = "none"
     quant: str = "none"
@@ -60,7 +63,8 @@ class Variant(NamedTuple):
     @property
     def name(self) -> str:
         return " ".join([f"tp{self.tp}", *([f"{self.reduce}-reduce"] if self.tp > 1 else []), self.mode,
-                         *([f"fp8-{self.granularity}"] if self.quant == "fp8" else [])])
+                         *([f"fp8-{self.granularity}"] if self.quant == "fp8" else []),
+                         *(["fp8-blocks"] if self.quant == "blocks" else [])])
 
 HF_BF16 = "HF bf16"   # the baseline's name in the results
 QUANTS = ("none", "fp8")
@@ -87,28 +91,41 @@ def variants(tp="1", reduce="fp32", quant="none", granularity="channel", mode="e
 
 def contract(v: Variant) -> tuple[str, float | None]:
     "The rule of the numerics contract for `v` and its bound on rel L2 / HF bf16's own (None: bitwise equal)."
-    if v.quant == "fp8": return "fp8", FP8_BOUND
+    if v.quant in ("fp8", "blocks"): return "fp8", FP8_BOUND
     if v.tp == 1 and v.mode == "exact": return "exact", None
     return ("tp>1", TP_BOUND) if v.tp > 1 else ("fast", FAST_BOUND)
 
 # %% ../nbs/14_validate.ipynb #fd68e996
 class _Checkpoint:
-    "The checkpoint's tensors by name (headers read and checked once): `read(prefix, names)` from the safetensors."
+    ("The checkpoint's tensors by name (headers read and checked once): `read(prefix, names)` from the safetensors; "
+     "a block-FP8 checkpoint's weights dequantized (`fmt`: its `fp8_blocks.BlockFp8`, else None).")
     def __init__(self, path):
         self.path = Path(path)
         wm = _weight_map(self.path)
-        self.entries = _headers(_files(self.path, wm), wm)
+        self.fmt = checkpoint_format(self.path)
+        self.entries = _pair_scales(_headers(_files(self.path, wm), wm), self.fmt)   # FP8 weights: scales attached
+
+    @property
+    def files(self) -> set[Path]: return {e.file for e in self.entries.values()} | {
+        e.scale.file for e in self.entries.values() if e.scale}
 
     def read(self, prefix: str, names) -> dict[str, torch.Tensor]:
-        "`{name: tensor}` of the module under `prefix` (its HF names), on the host as stored."
+        ("`{name: tensor}` of the module under `prefix` (its HF names), on the host as stored; a block-FP8 weight "
+         "in fp32, its e4m3 values times their block's scale: transformers' dequantized load, before its cast.")
         want = {n: checkpoint_name(prefix + n) for n in names}
         if missing := [k for k in want.values() if k not in self.entries]:
             raise ValueError(f"{self.path}: the checkpoint lacks {missing[:3]}{' ...' if len(missing) > 3 else ''}")
-        out, by_file = {}, {}
-        for n, k in want.items(): by_file.setdefault(self.entries[k].file, []).append((n, k))
-        for f, pairs in by_file.items():
+        out, scales, by_file = {}, {}, {}
+        for n, k in want.items():
+            by_file.setdefault(self.entries[k].file, []).append((n, k, out))
+            if (sc := self.entries[k].scale) is not None:
+                by_file.setdefault(sc.file, []).append((n, scale_name(k), scales))
+        for f, items in by_file.items():
             with safe_open(f, "pt", device="cpu") as s:
-                for n, k in pairs: out[n] = s.get_tensor(k)
+                for n, k, into in items: into[n] = s.get_tensor(k)
+        for n, sc in scales.items():
+            check_scale_values(scale_name(want[n]), sc, f" in {self.entries[want[n]].scale.file.name}")
+            out[n] = dequantize_blocks(out[n], sc, self.entries[want[n]].block)   # `_assign` rounds it once to bf16
         return out
 
 def _assign(module: nn.Module, tensors: dict, dtype, device):
@@ -342,6 +359,9 @@ def prepare(model, prompts_file, out, layer: int | None = None, tp="1", reduce="
     _agree(lambda: check_out_dir(out))
     if ref_dtype not in REF_DTYPES: raise ValueError(f"--ref-dtype {ref_dtype!r}: choose fp32 or fp64")
     vs = list(only) if only else variants(tp, reduce, quant, granularity, mode)
+    if checkpoint_format(model) and any(v.quant == "fp8" for v in vs):
+        raise ValueError(f"--quant fp8: {model} is a block-FP8 checkpoint (config.json's quantization_config), FP8 "
+                         "already: validate it with --quant none (its variants run its own block-scaled FP8)")
     n = EncoderConfig.from_hf(model, 1).text.num_hidden_layers
     cfg = EncoderConfig.from_hf(model, min(50, n) if layer is None else layer)
     _check_tps(vs, cfg, world)
@@ -363,6 +383,8 @@ def validate(model, prompts_file, out, layer: int | None = None, tp="1", reduce=
     cfg, vs, xs, ck = prepare(model, prompts_file, out, layer, tp, reduce, quant, granularity, mode, ref_dtype,
                               max_pixels, only)
     n, rank0, rdt = cfg.selected_layer, is_rank0(), REF_DTYPES[ref_dtype]
+    if ck.fmt is not None and block_kernel(dev) == "scaled_mm":   # block-scaled GEMMs: FP8's rule; else dequantized
+        vs = [v._replace(quant="blocks", granularity="block") for v in vs]
     ref = reference(model, xs, n, rdt, dev, progress and rank0) if rank0 else None
     teacher = _share(ref and ref.states, xs, n, cfg.text.hidden_size, rdt, dev) if max(v.tp for v in vs) > 1 else (
         ref and ref.states)
@@ -438,8 +460,9 @@ def run_meta(model, ck: _Checkpoint, device, ref: Reference, ref_dtype: str, com
         command = ("qwen3vl-l50 " if world == 1 else f"torchrun --nproc_per_node {world} -m qwen3vl_l50_nbdev.cli "
                    ) + " ".join(map(shlex.quote, sys.argv[1:]))
     base = provenance(device, git_commit(where=Path(qwen3vl_l50_nbdev.__file__).parent), command)   # the code's
-    return dict(checkpoint=str(Path(model).resolve()), checkpoint_sha=checkpoint_fingerprint(model, {e.file for e in
-                ck.entries.values()}), package=qwen3vl_l50_nbdev.__version__, **{k: base[k] for k in (
+    return dict(checkpoint=str(Path(model).resolve()), checkpoint_sha=checkpoint_fingerprint(model, ck.files),
+                weights="bf16" if ck.fmt is None else "fp8 blocks {}x{}".format(*ck.fmt.block),
+                package=qwen3vl_l50_nbdev.__version__, **{k: base[k] for k in (
                 "commit", "torch")}, transformers=transformers.__version__, device=base["device"], world=world,
                 date=base["date"], ref_dtype=ref_dtype, ref_seconds=ref.seconds, ref_peak_gib=ref.peak_gib,
                 command=command, **({"machine": base["machine"]} if "machine" in base else {}))
@@ -544,8 +567,9 @@ def report_html(df: pd.DataFrame) -> str:
     head = (f'<p class="fail">{len(failed)} of {len(v)} variant(s) outside the contract: {H.escape(", ".join(failed))}'
             "</p>" if failed else f'<p class="pass">All {len(v)} variant(s) within the numerics contract.</p>')
     img = lambda f: f'<img src="data:image/png;base64,{_png(f)}">'
-    prov = [c for c in ("checkpoint", "checkpoint_sha", "package", "commit", "torch", "transformers", "device", "world",
-                        "date", "ref_dtype", "ref_seconds", "ref_peak_gib", "machine", "command") if c in df]
+    prov = [c for c in ("checkpoint", "checkpoint_sha", "weights", "package", "commit", "torch", "transformers",
+                        "device", "world", "date", "ref_dtype", "ref_seconds", "ref_peak_gib", "machine", "command")
+            if c in df]
     pt = "".join(f"<tr><th>{c}</th><td>{H.escape(str(m[c]))}</td></tr>" for c in prov)
     return (f"<!doctype html><html><head><meta charset='utf-8'><title>qwen3vl-l50 validate</title><style>{_CSS}"
             f"</style></head><body><h1>Validation of {H.escape(Path(str(m.checkpoint)).name)}</h1>{head}"
