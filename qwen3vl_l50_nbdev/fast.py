@@ -45,7 +45,7 @@ def set_fused_(model: nn.Module, fused: bool = True, fp32: bool = False) -> nn.M
 
 # %% ../nbs/08a_fast.ipynb #48b345d1
 PAD = 16            # rows: a graphed prompt is padded to a multiple of this
-GRAPH_ROWS = 1024   # rows: up to here the decoder replays CUDA graphs (one per padded length); longer runs as it is
+GRAPH_ROWS = 1536   # rows: up to here the decoder replays CUDA graphs (one per padded length); longer runs as it is
 
 def pad_to(n: int, multiple: int = PAD) -> int:
     "`n` rows rounded up to a multiple of `multiple`."
@@ -257,7 +257,7 @@ def compile_(model: nn.Module) -> tuple:
 # %% ../nbs/08a_fast.ipynb #0d1b38a7
 def runners(enc, cfg: FastConfig | None, stages: tuple = STAGES) -> tuple:
     "Step 4: the decoder's and the vision tower's runners for `cfg` (None: exact mode's)."
-    if cfg is None: return TextRunner(enc.text), VisionRunner(enc.vision)
+    if cfg is None: return TextRunner(enc.text, graph_rows=GRAPH_ROWS), VisionRunner(enc.vision)   # exact: unpadded
     over = cfg.overlap_from if enc.sums is not None and enc.sums.exchange is not None else None   # TP 2: in flight
     return (TextRunner(enc.text, cfg.pad, cfg.graphs, cfg.graph_rows, overlap_from=over, stages=stages),
             VisionRunner(enc.vision, cfg.graphs))

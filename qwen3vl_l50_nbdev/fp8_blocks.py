@@ -159,7 +159,7 @@ def block_mm(x: torch.Tensor, w: torch.Tensor, scale_inv: torch.Tensor, block=(1
              out_dtype=torch.bfloat16) -> torch.Tensor:
     ("`x [M, K] @ (w · scale_inv)ᵀ` with `x` quantized per token and 128 columns: `torch._scaled_mm` with 1x128 and "
      "128x128 block scales (CUDA, cuBLAS >= 12.9, Hopper), else `block_mm_reference`.")
-    if not (x.is_cuda and block_kernel(x.device) == "scaled_mm"):
+    if not (x.is_cuda and block_kernel(x.device) == "scaled_mm" and w.shape[1] // block[1] % 4 == 0):   # cuBLAS: K blocks in 4s
         return block_mm_reference(x, w, scale_inv, block, out_dtype)
     xq, xs = quantize_act_blocks(x, block[1])
     # the activation scales outer-dim-major ([M, K/128], stride (1, M)); the weight's as stored, seen transposed
@@ -182,8 +182,9 @@ def block_kernel(device) -> str:
 def _probe(device: torch.device) -> str:
     if device.type != "cuda" or torch.cuda.get_device_capability(device) < (9, 0): return "dequantize"
     g = torch.Generator(device).manual_seed(0)
-    x = torch.randn(64, 256, generator=g, device=device, dtype=torch.bfloat16)
-    w, s = quantize_blocks(torch.randn(256, 256, generator=g, device=device), (128, 128))
+    # 512 x 512: cuBLAS wants the scales' K blocks in multiples of 4 (every 32B shape has them; 256 gave garbage)
+    x = torch.randn(64, 512, generator=g, device=device, dtype=torch.bfloat16)
+    w, s = quantize_blocks(torch.randn(512, 512, generator=g, device=device), (128, 128))
     try:
         y = torch._scaled_mm(*(lambda q, t: (q, w.t(), t.t().contiguous().t(), s.t()))(*quantize_act_blocks(x)),
                              out_dtype=torch.bfloat16)

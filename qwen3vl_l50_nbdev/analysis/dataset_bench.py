@@ -17,7 +17,7 @@ import pandas as pd
 from ..config import EncoderConfig, qwen3vl_32b, tiny
 from ..dataset import Item, input_hash, plan_batches, run_batch, write_shard
 from ..fp8 import quantize_model_
-from ..fast import apply_fast
+from ..fast import apply_fast, warmup
 from ..metrics import diff_row
 from ..testing import synthetic_inputs, hf_forward
 from .speed import build_pair, fast_twin, gemm_peak, decoder_flops, eager_unless, text_case
@@ -92,6 +92,7 @@ def run(cfg: EncoderConfig, n: int, device, batch_tokens: int = 8192, fp8: bool 
         log(f"[{time.time() - t0:6.1f} s] {name}: {secs:.2f} s, {tokens / secs:,.0f} tokens/s")
         if partial: partial(pd.DataFrame(rows).assign(limit_tokens_per_s=limit, gemm_peak_tflops=peak))
     with torch.inference_mode(), tempfile.TemporaryDirectory() as d:
+        log(f"[{time.time() - t0:6.1f} s] fast mode's warm-up (as from_pretrained runs it): {warmup(fast):.1f} s")
         measure("encode fast", one_at_a_time(fast))
         if hf:
             if cuda:
@@ -105,6 +106,7 @@ def run(cfg: EncoderConfig, n: int, device, batch_tokens: int = 8192, fp8: bool 
             for e in (enc, fast): quantize_model_(e.text)
             fast.load_state_dict(enc.state_dict(), assign=True)
             apply_fast(fast, fast.fast)
+            log(f"[{time.time() - t0:6.1f} s] FP8 warm-up: {warmup(fast):.1f} s")
             measure("encode-dataset fast FP8", dataset_job(fast, batch_tokens, d))
     df = pd.DataFrame(rows)
     base = df.set_index("method").tokens_per_s
