@@ -159,7 +159,8 @@ def block_mm(x: torch.Tensor, w: torch.Tensor, scale_inv: torch.Tensor, block=(1
              out_dtype=torch.bfloat16) -> torch.Tensor:
     ("`x [M, K] @ (w · scale_inv)ᵀ` with `x` quantized per token and 128 columns: `torch._scaled_mm` with 1x128 and "
      "128x128 block scales (CUDA, cuBLAS >= 12.9, Hopper), else `block_mm_reference`.")
-    if not (x.is_cuda and block_kernel(x.device) == "scaled_mm" and w.shape[1] // block[1] % 4 == 0):   # cuBLAS: K blocks in 4s
+    fits = w.shape[1] // block[1] % 4 == 0   # cuBLAS takes the scales' K blocks in multiples of 4
+    if not (x.is_cuda and block_kernel(x.device) == "scaled_mm" and fits):
         return block_mm_reference(x, w, scale_inv, block, out_dtype)
     xq, xs = quantize_act_blocks(x, block[1])
     # the activation scales outer-dim-major ([M, K/128], stride (1, M)); the weight's as stored, seen transposed
