@@ -34,10 +34,11 @@ FP32_MODULES = (RMSNorm, TextAttention, MLP, DecoderLayer, TextModel)   # what `
 def set_fused_(model: nn.Module, fused: bool = True, fp32: bool = False) -> nn.Module:
     ("Every column-parallel projection of `model` runs as one GEMM (`fused=True`) or one per split (HF's, bitwise), "
      "vision attention over equal segments as one batched call or one call each (HF's), the patch embedding as a "
-     "GEMM or HF's Conv3d; `fp32`: the text model's norms, M-RoPE, SwiGLU and a layer's residual sums in fp32, "
-     "rounded once (False: HF's roundings).")
+     "GEMM or HF's Conv3d, packed prompts' attention through flash attention (CUDA); `fp32`: the text model's "
+     "norms, M-RoPE, SwiGLU and a layer's residual sums in fp32, rounded once (False: HF's roundings).")
     for m in model.modules():
         if isinstance(m, FP32_MODULES): m.fp32 = fp32
+        if isinstance(m, TextAttention): m.packed_flash = fused   # packed prompts: flash attention (CUDA)
         if isinstance(m, ColumnParallelLinear): m.fused = fused
         if isinstance(m, VisionAttention): m.batched = fused
         if isinstance(m, PatchEmbed): m.gemm = fused

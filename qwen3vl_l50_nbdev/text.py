@@ -6,10 +6,12 @@
 __all__ = ['TP_PLAN', 'Plan', 'tp_layer', 'RMSNorm', 'attend_each', 'Attention', 'MLP', 'DecoderLayer', 'TextModel']
 
 # %% ../nbs/05_text.ipynb #918276bd
+import contextlib
 from typing import NamedTuple
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from torch.nn.attention import sdpa_kernel, SDPBackend
 from .config import TextConfig
 from .dist import Group
 from .tp import STYLES, divide
@@ -57,10 +59,13 @@ class RMSNorm(nn.Module):
 
 # %% ../nbs/05_text.ipynb #a61a4267
 @torch.compiler.disable   # outside any compiled graph: the number of packed prompts must not specialise a layer
-def attend_each(attend, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lens) -> torch.Tensor:
-    "`attend` of each packed prompt's rows of q, k, v [heads, seq, head_dim], concatenated; `lens` a list or tensor."
+def attend_each(attend, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lens, flash: bool = False) -> torch.Tensor:
+    ("`attend` of each packed prompt's rows of q, k, v [heads, seq, head_dim], concatenated; `lens` a list or tensor; "
+     "`flash` (CUDA): through flash attention, which takes any length as it comes (cuDNN's, the default on Hopper, "
+     "builds a plan for every new length: a packed batch's prompts are of every length).")
     lens = lens.tolist() if torch.is_tensor(lens) else list(lens)
-    return torch.cat([attend(*qkv) for qkv in zip(*(t.split(lens, 1) for t in (q, k, v)))], 2)
+    with sdpa_kernel(SDPBackend.FLASH_ATTENTION) if flash and q.is_cuda else contextlib.nullcontext():
+        return torch.cat([attend(*qkv) for qkv in zip(*(t.split(lens, 1) for t in (q, k, v)))], 2)
 
 class Attention(nn.Module):
     ("Causal GQA self-attention, heads split over the group: column-parallel q|k|v, row-parallel o; `fp32` (fast "
@@ -71,7 +76,7 @@ class Attention(nn.Module):
         g, nh, nkv, hd = group or Group.local(), cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
         divide(nkv, g.size, "num_key_value_heads")   # name the culprit before ColumnParallelLinear does
         self.head_dim, self.scale, self.gqa = hd, hd ** -0.5, nh > nkv   # HF passes enable_gqa when kv heads are shared
-        self.fp32 = False
+        self.fp32, self.packed_flash = False, False   # fast mode's (`fast.set_fused_`)
         self.qkv_proj = tp_layer("layers.{i}.self_attn.qkv_proj", cfg.hidden_size, [nh * hd, nkv * hd, nkv * hd], g,
                                  dtype=dtype, device=device)
         self.q_norm = RMSNorm(hd, cfg.rms_norm_eps, dtype, device)
@@ -95,7 +100,8 @@ class Attention(nn.Module):
         # 4-D like HF's [batch, heads, seq, hd]: on CPU, 3-D inputs take SDPA's math kernel (different bits)
         attend = lambda q, k, v: F.scaled_dot_product_attention(q[None], k[None], v[None], is_causal=True,
                                                                 scale=self.scale, enable_gqa=self.gqa)
-        o = attend(q, k, v) if lens is None or len(lens) == 1 else attend_each(attend, q, k, v, lens)
+        o = (attend(q, k, v) if lens is None or len(lens) == 1
+             else attend_each(attend, q, k, v, lens, self.packed_flash))
         return o[0].transpose(0, 1).reshape(s, -1)   # (seq, heads * head_dim)
 
 # %% ../nbs/05_text.ipynb #cd831bb7

@@ -6,11 +6,13 @@
 __all__ = ['PatchEmbed', 'pos_interp', 'attend_frames', 'Attention', 'MLP', 'Block', 'PatchMerger', 'check_pixels', 'VisionModel']
 
 # %% ../nbs/04_vision.ipynb #260f1475
+import contextlib
 import math
 from functools import partial
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from torch.nn.attention import sdpa_kernel, SDPBackend
 from .config import VisionConfig
 from .rope import VisionRotary, vision_positions, apply_rotary, grid_rows, check_grids
 
@@ -54,13 +56,15 @@ def pos_interp(grid_thw, side: int, merge: int, device=None):
 def attend_frames(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lens, scale: float, batched: bool
                   ) -> torch.Tensor:
     ("Attention of q, k, v [seq, heads, head_dim] within segments of `lens` (a list or tensor): [seq, heads * "
-     "head_dim]; `batched`: each run of equal segments one call, else one call a segment (HF's).")
+     "head_dim]; `batched` (fast mode): each run of equal segments one call, through flash attention on CUDA (as "
+     "`text.attend_each`: no plan built for every new size), else one call a segment (HF's).")
     lens, s, heads = lens.tolist() if torch.is_tensor(lens) else list(lens), q.shape[0], q.shape[1]
     if batched:   # a run of c segments of n patches: one (c, heads, n, head_dim) call
         runs = _runs(lens)
-        o = [F.scaled_dot_product_attention(*(t.reshape(c, n, heads, -1).transpose(1, 2) for t in qkv), scale=scale)
-             .transpose(1, 2).reshape(c * n, -1)
-             for (n, c), qkv in zip(runs, zip(*(t.split([n * c for n, c in runs]) for t in (q, k, v))))]
+        with sdpa_kernel(SDPBackend.FLASH_ATTENTION) if q.is_cuda else contextlib.nullcontext():   # no plan a size
+            o = [F.scaled_dot_product_attention(*(t.reshape(c, n, heads, -1).transpose(1, 2) for t in qkv),
+                                                scale=scale).transpose(1, 2).reshape(c * n, -1)
+                 for (n, c), qkv in zip(runs, zip(*(t.split([n * c for n, c in runs]) for t in (q, k, v))))]
         return torch.cat(o) if len(o) > 1 else o[0]
     q, k, v = (t.transpose(0, 1)[None] for t in (q, k, v))                               # (1, heads, seq, head_dim)
     o = [F.scaled_dot_product_attention(*qkv, scale=scale) for qkv in zip(*(t.split(lens, 2) for t in (q, k, v)))]
