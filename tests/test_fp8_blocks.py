@@ -251,3 +251,23 @@ def test_unshard_block_layers_tp2(ckpts):
         elif sd[k].dtype == FP8:   # the vision tower's FP8 linears: dequantized on load, as transformers does
             assert torch.equal(t, dequantize_blocks(sd[k], sd[scale_name(k)], dtype=t.dtype)), k
         else: assert torch.equal(t, sd[k].to(t.dtype)), k
+
+
+def test_encode_dataset_block_fp8_checkpoint(real_vocab_fp8, tmp_path):
+    ("`encode-dataset` on a block-FP8 checkpoint (CPU: dequantized on load): every prompt, the bits of `encode` on the "
+     "same checkpoint in exact mode, and the provenance naming the checkpoint's fingerprint.")
+    from qwen3vl_l50_nbdev.cli import main
+    from qwen3vl_l50_nbdev.dataset import load_embeddings
+    from qwen3vl_l50_nbdev.inputs import Processor
+    from qwen3vl_l50_nbdev.prompts import read_prompts, process_prompts
+    ckpt, prompts = real_vocab_fp8
+    out = tmp_path / "emb"
+    assert main(["encode-dataset", "--model", str(ckpt), "--prompts", str(prompts), "--out", str(out), "--layer", "3",
+                 "--max-pixels", "4096"]) == 0
+    enc = Encoder.from_pretrained(ckpt, 3, progress=False)
+    px = dict(max_pixels=4096, min_pixels=1024)   # as --max-pixels 4096 gives
+    xs = process_prompts(read_prompts(prompts), Processor.from_pretrained(ckpt, video=px, **px), enc.cfg)
+    emb = load_embeddings(out)
+    assert sorted(emb) == sorted(xs)
+    for k, x in xs.items(): assert torch.equal(emb[k], enc.encode(**x)), k
+    assert json.loads((out / "provenance.json").read_text())["checkpoint"]
