@@ -27,6 +27,7 @@ import qwen3vl_l50_nbdev
 from .config import EncoderConfig
 from .dist import encoder_group, init_world
 from .encoder import Encoder
+from .loading import checkpoint_fingerprint
 from .inputs import Processor
 from .prompts import Prompt, read_prompts, process_prompt
 from .provenance import git_commit, provenance
@@ -89,7 +90,6 @@ def job_settings(model, cfg: EncoderConfig, items: list[Item], dtype: str = "bf1
                  quant: str | None = None, granularity: str = "channel", act: str = "token", mode: str = "exact",
                  batch_tokens: int = 8192, device: str = "cpu") -> dict:
     "What fixes the job's bits (not the replicas); `DIR/job.json`."
-    from qwen3vl_l50_nbdev.validate import checkpoint_fingerprint   # TODO: move it to `loading` (it reads headers)
     fp8 = quant == "fp8"
     return dict(checkpoint=checkpoint_fingerprint(model), layer=cfg.selected_layer, dtype=dtype, tp=tp,
                 reduce=reduce if tp > 1 else "none", quant=quant or "none", fp8_granularity=granularity if fp8 else

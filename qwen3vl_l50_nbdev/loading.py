@@ -5,12 +5,14 @@
 # %% auto #0
 __all__ = ['ROOTS', 'SKIPPED', 'RENAMES', 'FLOAT_DTYPES', 'checkpoint_name', 'map_name', 'source_name', 'sharding_rule',
            'param_splits', 'full_shape', 'fill_', 'Target', 'checkpoint_tensors', 'check_weight', 'load_weights',
-           'Entry', 'check_checkpoint', 'load_checkpoint', 'unshard']
+           'Entry', 'checkpoint_fingerprint', 'check_checkpoint', 'load_checkpoint', 'unshard']
 
 # %% ../nbs/07_loading.ipynb #cda0f2ac
 import contextlib
+import hashlib
 import json
 import re
+import struct
 from collections import defaultdict
 from functools import lru_cache
 from pathlib import Path
@@ -252,6 +254,17 @@ def _headers(files: list[Path], weight_map: dict | None = None) -> dict[str, Ent
         raise ValueError(f"model.safetensors.index.json lists {len(lost)} tensor(s) that their shard lacks: "
                          + "; ".join(f"{k} (in {weight_map[k]})" for k in lost[:5]) + f": {fix}")
     return out
+
+# %% ../nbs/07_loading.ipynb #34714d05
+def checkpoint_fingerprint(path, files=None) -> str:
+    "sha256 (16 hex digits) of `config.json` and each safetensors file's header (its JSON: names, dtypes, shapes)."
+    p, h = Path(path), hashlib.sha256()
+    h.update((p / "config.json").read_bytes())
+    for f in sorted(files or _files(p, _weight_map(p))):
+        with open(f, "rb") as fh:
+            size = struct.unpack("<Q", fh.read(8))[0]
+            h.update(Path(f).name.encode()); h.update(fh.read(size))
+    return h.hexdigest()[:16]
 
 # %% ../nbs/07_loading.ipynb #d1413650
 def _pair_scales(entries: dict[str, Entry], fmt) -> dict[str, Entry]:

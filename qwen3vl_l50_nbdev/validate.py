@@ -5,21 +5,19 @@
 # %% auto #0
 __all__ = ['HF_BF16', 'QUANTS', 'REF_DTYPES', 'REPORT_CELLS', 'QWEN_RANKS', 'Variant', 'parse_list', 'variants', 'contract',
            'hf_skeleton', 'Reference', 'peak_gib', 'reference', 'baseline_rows', 'measure', 'verdicts', 'check_out_dir',
-           'prepare', 'validate', 'run_validate', 'checkpoint_fingerprint', 'run_meta', 'growth_figure',
-           'spread_figure', 'time_figure', 'load_results', 'output_table', 'report_html', 'report_notebook',
-           'write_report', 'bench_tokenizer', 'write_32b_checkpoint', 'bench_prompts', 'gpu_bench', 'main']
+           'prepare', 'validate', 'run_validate', 'run_meta', 'growth_figure', 'spread_figure', 'time_figure',
+           'load_results', 'output_table', 'report_html', 'report_notebook', 'write_report', 'bench_tokenizer',
+           'write_32b_checkpoint', 'bench_prompts', 'gpu_bench', 'main']
 
 # %% ../nbs/14_validate.ipynb #01f25878
 import base64
 import gc
-import hashlib
 import io
 import itertools
 import json
 import os
 import resource
 import shlex
-import struct
 import sys
 import tempfile
 import time
@@ -42,7 +40,8 @@ from .fast import MODES
 from .encoder import Encoder
 from .inputs import Processor
 from .prompts import read_prompts, process_prompts
-from .loading import _weight_map, _files, _headers, _pair_scales, checkpoint_name
+from .loading import (_weight_map, _files, checkpoint_fingerprint, _headers, _pair_scales,
+                                       checkpoint_name)
 from .fp8_blocks import (checkpoint_format, block_kernel, dequantize_blocks, check_scale_values,
                                           scale_name)
 from .testing import hf_forward
@@ -442,16 +441,6 @@ def run_validate(a, perturb=None) -> int:
     return rc
 
 # %% ../nbs/14_validate.ipynb #863024b1
-def checkpoint_fingerprint(path, files=None) -> str:
-    "sha256 (16 hex digits) of `config.json` and each safetensors file's header (its JSON: names, dtypes, shapes)."
-    p, h = Path(path), hashlib.sha256()
-    h.update((p / "config.json").read_bytes())
-    for f in sorted(files or _files(p, _weight_map(p))):
-        with open(f, "rb") as fh:
-            size = struct.unpack("<Q", fh.read(8))[0]
-            h.update(Path(f).name.encode()); h.update(fh.read(size))
-    return h.hexdigest()[:16]
-
 def run_meta(model, ck: _Checkpoint, device, ref: Reference, ref_dtype: str, command: str | None = None) -> dict:
     "The provenance columns of a validation run."
     import transformers
