@@ -6,9 +6,10 @@
 __all__ = ['JOB', 'MANIFEST', 'PROVENANCE', 'OURS', 'NUMERICS', 'input_hash', 'Item', 'distinct', 'plan_batches', 'assign',
            'shard_name', 'prompts_digest', 'job_settings', 'differences', 'check_dir', 'Cache', 'scan', 'encode_items',
            'run_batch', 'write_shard', 'Progress', 'manifest_rows', 'check_shards', 'write_manifest', 'read_embedding',
-           'Embeddings', 'load_embeddings', 'Summary', 'encode_dataset', 'run_provenance']
+           'Embeddings', 'load_embeddings', 'Summary', 'same_kernels', 'encode_dataset', 'run_provenance']
 
 # %% ../nbs/15_dataset.ipynb #1ea892b2
+import contextlib
 import json
 import os
 import threading
@@ -324,6 +325,12 @@ class Summary(NamedTuple):
                 f"{'GPU' if torch.cuda.is_available() else 'rank'} ({self.world})")
 
 # %% ../nbs/15_dataset.ipynb #eb157d2d
+def same_kernels():
+    ("Within: inductor chooses its kernels without timing them (`torch._inductor.config.deterministic`, where "
+     "torch has it): fast mode's compiled kernels, so its bits, are the same in every process, a resumed job's too.")
+    c = torch._inductor.config
+    return c.patch(deterministic=True) if hasattr(c, "deterministic") else contextlib.nullcontext()
+
 def encode_dataset(model, prompts_file, out, layer: int | None = None, tp: int = 1, mode: str = "exact",
                    reduce: str = "fp32", quant: str | None = None, granularity: str = "channel", act: str = "token",
                    dtype: str = "bf16", device=None, batch_tokens: int = 8192, cache=None, overwrite: bool = False,
@@ -360,18 +367,21 @@ def encode_dataset(model, prompts_file, out, layer: int | None = None, tp: int =
     group = encoder_group(tp, tiled=True) if dist.is_initialized() else None
     mine = assign({k: s for k, s in sizes.items() if k not in done}, world // tp)[
         dist.get_rank() // tp if dist.is_initialized() else 0]
-    enc = Encoder.from_pretrained(model, cfg.selected_layer, {"bf16": torch.bfloat16, "fp32": torch.float32}[dtype],
-                                  dev, group, reduce, quant, granularity, act, progress=False, mode=mode)
     per = Counter(it.hash for it in items)   # a batch's prompts: its inputs and their duplicates
-    t1, counts = time.perf_counter(), {k: sum(per[it.hash] for it in b) for k, b in enumerate(batches)}
-    with Progress(out, sizes, counts, done, show=progress and is_rank0()) as bar:
-        for k in mine:
-            t = time.perf_counter()
-            again = lambda it: process_prompt(prompts[it.index], proc, cfg)   # processed again: not kept in memory
-            embs, hits = run_batch(enc, batches[k], again, mode, store)
-            if enc.group.rank == 0: write_shard(out, k, embs, hits, time.perf_counter() - t)
-        if not is_rank0(): return None
-        while len(bar.poll()) < len(batches): time.sleep(0.2)   # the other replicas' shards
+    counts = {k: sum(per[it.hash] for it in b) for k, b in enumerate(batches)}
+    with same_kernels():   # from from_pretrained's warm-up (fast mode compiles there) to the last batch
+        dt = {"bf16": torch.bfloat16, "fp32": torch.float32}[dtype]
+        enc = Encoder.from_pretrained(model, cfg.selected_layer, dt, dev, group, reduce, quant, granularity, act,
+                                      progress=False, mode=mode)
+        t1 = time.perf_counter()
+        with Progress(out, sizes, counts, done, show=progress and is_rank0()) as bar:
+            for k in mine:
+                t = time.perf_counter()
+                again = lambda it: process_prompt(prompts[it.index], proc, cfg)   # processed again: not kept in memory
+                embs, hits = run_batch(enc, batches[k], again, mode, store)
+                if enc.group.rank == 0: write_shard(out, k, embs, hits, time.perf_counter() - t)
+            if not is_rank0(): return None
+            while len(bar.poll()) < len(batches): time.sleep(0.2)   # the other replicas' shards
     secs = time.perf_counter() - t1
     check_shards(out, batches)
     new = [k for k in sizes if k not in done]
