@@ -35,7 +35,7 @@ def set_fused_(model: nn.Module, fused: bool = True, fp32: bool = False) -> nn.M
     ("Every column-parallel projection of `model` runs as one GEMM (`fused=True`) or one per split (HF's, bitwise), "
      "vision attention over equal segments as one batched call or one call each (HF's), the patch embedding as a "
      "GEMM or HF's Conv3d, packed prompts' attention through flash attention (CUDA); `fp32`: the text model's "
-     "norms, M-RoPE, SwiGLU and a layer's residual sums in fp32, rounded once (False: HF's roundings).")
+     "norms, M-RoPE and SwiGLU in fp32, and its residual stream (False: HF's roundings).")
     for m in model.modules():
         if isinstance(m, FP32_MODULES): m.fp32 = fp32
         if isinstance(m, TextAttention): m.packed_flash = fused   # packed prompts: flash attention (CUDA)
@@ -211,7 +211,7 @@ OVERLAP_FROM = 2048   # rows: from here on, fast mode at TP 2 runs the overlappe
 class FastConfig:
     "What fast mode switches on (`apply_fast`); the CUDA-only parts are left out on the CPU."
     fused: bool = True                        # q|k|v, gate|up one GEMM each; batched vision attention; patch GEMM
-    fp32: bool = True                         # a decoder layer's norms, M-RoPE, SwiGLU, residual sums in fp32
+    fp32: bool = True                         # norms, M-RoPE, SwiGLU and the residual stream in fp32
     graphs: bool = True                       # CUDA graphs: the decoder up to `graph_rows`, the vision tower
     pad: int = PAD                            # a graphed prompt's rows padded to a multiple of this
     graph_rows: int = GRAPH_ROWS              # the longest (padded) prompt replayed from a graph; longer: as it is

@@ -45,7 +45,7 @@ def tp_layer(name: str, *args, **kw) -> nn.Module:
 # %% ../nbs/05_text.ipynb #34123512
 class RMSNorm(nn.Module):
     ("Root-mean-square norm over the last dim: normalise in fp32, round to the input dtype, then scale (HF's order); "
-     "`fp32` (fast mode): scale in fp32 and round once, to `out` (default the input dtype).")
+     "`fp32` (fast mode): scale in fp32 and round once, to `out` (default the weight's dtype: the model's).")
     def __init__(self, dim: int, eps: float = 1e-6, dtype=torch.bfloat16, device=None):
         super().__init__()
         self.eps, self.fp32 = eps, False
@@ -54,7 +54,7 @@ class RMSNorm(nn.Module):
     def forward(self, x: torch.Tensor, out: torch.dtype | None = None) -> torch.Tensor:
         h = x.float()
         h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
-        if self.fp32: return (self.weight.float() * h).to(out or x.dtype)
+        if self.fp32: return (self.weight.float() * h).to(out or self.weight.dtype)
         return self.weight * h.to(x.dtype)
 
 # %% ../nbs/05_text.ipynb #a61a4267
@@ -128,7 +128,7 @@ class MLP(nn.Module):
 # %% ../nbs/05_text.ipynb #77f7b7ab
 class DecoderLayer(nn.Module):
     ("Pre-norm residual attention and MLP blocks on a replicated `[seq, hidden]` state; `fp32` (fast mode): the "
-     "residual sums kept in fp32 through the layer, rounded once at its end.")
+     "residual stream in fp32 (`x` and the output), rounded only where a GEMM reads it.")
     def __init__(self, cfg: TextConfig, group: Group | None = None, reduce: str = "fp32",
                  dtype=torch.bfloat16, device=None):
         super().__init__()
@@ -141,16 +141,16 @@ class DecoderLayer(nn.Module):
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, lens: list[int] | None = None
                 ) -> torch.Tensor:
         "`x` [seq, hidden]; `cos`, `sin` [seq, head_dim] from `TextRotary`; `lens`: packed prompts' lengths."
-        if self.fp32:
+        if self.fp32:   # the norms round to the model dtype for the GEMMs; the sums stay in fp32
             h = x.float() + self.self_attn(self.input_layernorm(x), cos, sin, lens).float()
-            return (h + self.mlp(self.post_attention_layernorm(h, x.dtype)).float()).to(x.dtype)
+            return h + self.mlp(self.post_attention_layernorm(h)).float()
         h = x + self.self_attn(self.input_layernorm(x), cos, sin, lens)
         return h + self.mlp(self.post_attention_layernorm(h))
 
 # %% ../nbs/05_text.ipynb #5a2a8d1f
 class TextModel(nn.Module):
     ("Embedding, the first `num_layers` decoder layers and M-RoPE; forward returns the unnormalized last state. "
-     "`fp32` (fast mode): the rotary tables in fp32.")
+     "`fp32` (fast mode): the rotary tables and the residual stream in fp32, rounded to the model dtype at the end.")
     def __init__(self, cfg: TextConfig, num_layers: int, group: Group | None = None, reduce: str = "fp32",
                  dtype=torch.bfloat16, device=None):
         super().__init__()
@@ -166,8 +166,8 @@ class TextModel(nn.Module):
         ("`inputs_embeds` [seq, H], `positions` [3, seq]; DeepStack `deepstack[i]` added after layer i at the rows "
          "that `visual_mask` selects (a boolean mask [seq] or row indices); `lens`: packed prompts' lengths.")
         cos, sin = self.rotary(positions, torch.float32 if self.fp32 else inputs_embeds.dtype)
-        h = inputs_embeds
+        h = inputs_embeds.float() if self.fp32 else inputs_embeds
         for i, layer in enumerate(self.layers):
             h = layer(h, cos, sin, lens)
             if deepstack is not None and i < len(deepstack): h = inject(h, visual_mask, deepstack[i])
-        return h
+        return h.to(inputs_embeds.dtype)
