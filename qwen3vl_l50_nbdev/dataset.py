@@ -98,7 +98,7 @@ def job_settings(model, cfg: EncoderConfig, items: list[Item], dtype: str = "bf1
                 device=torch.device(device).type, prompts=prompts_digest(items), count=len(items))
 
 # %% ../nbs/15_dataset.ipynb #2ed908f9
-OURS = ("shard-*.safetensors", ".shard-*.tmp", JOB, MANIFEST, PROVENANCE)   # what a job writes in its DIR
+OURS = ("shard-*.safetensors", ".shard-*.tmp", ".*.tmp", JOB, MANIFEST, PROVENANCE)   # what a job writes in its DIR
 
 def differences(was: dict, now: dict) -> list[str]:
     "The settings that differ, as `name: was there, now`."
@@ -137,7 +137,9 @@ class Cache:
     "Content-addressed embeddings under `root`: one safetensors file per (input hash, numerics `settings`)."
     def __init__(self, root, settings: dict):
         self.root = Path(root)
-        self.salt = json.dumps({k: settings[k] for k in NUMERICS}, sort_keys=True)
+        # the package's version too: a release may change the numbers (fast mode's roundings, say)
+        self.salt = json.dumps({k: settings[k] for k in NUMERICS} | dict(version=qwen3vl_l50_nbdev.__version__),
+                               sort_keys=True)
         try: self.root.mkdir(parents=True, exist_ok=True)
         except OSError as e: raise ValueError(f"--cache {root}: cannot be made ({e.strerror or e})") from None
         if not os.access(self.root, os.W_OK | os.X_OK): raise ValueError(f"--cache {root} is not writable")
@@ -186,7 +188,12 @@ def run_batch(enc: Encoder, batch: list[Item], inputs, mode: str, cache: Cache |
     ("`{id: embedding}` of `batch` (`inputs(item)`: its `encode` inputs; cached ones read, not encoded) and how many "
      "came from `cache`.")
     got = {it.id: cache.get(it.hash) for it in batch} if cache else {}
+    if cache and enc.group.size > 1:   # the group's ranks must encode the same prompts: a hit where every one read it
+        hit = torch.tensor([got[it.id] is not None for it in batch], dtype=torch.int32, device=enc.device)
+        every = enc.group.all_reduce(hit).eq(enc.group.size).tolist()
+        got = {it.id: got[it.id] if h else None for it, h in zip(batch, every)}
     todo = [it for it in batch if got.get(it.id) is None]
+    if mode == "fast" and todo: todo = batch   # a packed batch's bits depend on all its prompts: all or none cached
     hs = encode_items(enc, [inputs(it) for it in todo], mode)
     for it, h in zip(todo, hs, strict=True):
         if not bool(torch.isfinite(h).all()):
@@ -335,7 +342,8 @@ def encode_dataset(model, prompts_file, out, layer: int | None = None, tp: int =
                    reduce: str = "fp32", quant: str | None = None, granularity: str = "channel", act: str = "token",
                    dtype: str = "bf16", device=None, batch_tokens: int = 8192, cache=None, overwrite: bool = False,
                    max_pixels: int | None = None, progress: bool = True, command: str | None = None) -> Summary:
-    "Encode every prompt of `prompts_file` into `out` (on every rank of the world); the `Summary` (the same on all)."
+    ("Encode every prompt of `prompts_file` into `out` (on every rank of the world); the `Summary` on rank 0 (on every "
+     "rank when all was done already), None on the others.")
     t0, dev = time.perf_counter(), init_world(device, timeout_s=600)   # a collective waits at most 10 min for a peer
     world = dist.get_world_size() if dist.is_initialized() else 1
     if tp < 1 or world % tp:

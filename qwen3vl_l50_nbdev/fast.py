@@ -124,20 +124,22 @@ class _Runner:
     def replay(self, key, fn, inputs: list[torch.Tensor], now: bool = False):
         "`fn(*inputs)` replayed from the graph of `key`; a key met for the first time runs as it is, unless `now`."
         if now or key in self.graphs.cache or key in self.seen: return self.graphs(key, fn, inputs)
+        if len(self.seen) >= 4096: self.seen.clear()   # bounded: a packed dataset brings a new signature a batch
         self.seen.add(key)
         return fn(*inputs)
 
     def clear(self):
         "Forget the graphs and the module list (after the weights moved, or modules were replaced)."
-        self.graphs.clear(); self.hooked.mods = None
+        self.graphs.clear(); self.hooked.mods = None; self.seen.clear()
 
 class TextRunner(_Runner):
     ("Runs a `TextModel` on rows padded to a multiple of `pad`: eagerly on the CPU; on CUDA replayed from a CUDA graph "
      "per signature up to `graph_rows` rows (None: any), longer as they are; from `overlap_from` rows the "
      "overlapped schedule (`overlap.overlapped`) with `stages`.")
     def __init__(self, text: nn.Module, pad: int = 1, graphs: bool = True, graph_rows: int | None = None,
-                 max_graphs: int = 96, overlap_from: int | None = None, stages: tuple = STAGES):
-        super().__init__(text, graphs, max_graphs)
+                 max_graphs: int | None = None, overlap_from: int | None = None, stages: tuple = STAGES):
+        # room for every graphed text length (`warmup` captures them all) and as many other signatures besides
+        super().__init__(text, graphs, max_graphs or (graph_rows // pad if graph_rows else 64) + 32)
         self.text, self.pad, self.graph_rows = text, pad, graph_rows
         self.overlap_from, self.stages = overlap_from, stages
 
@@ -221,6 +223,14 @@ class FastConfig:
     exchange_bytes: int = EXCHANGE_BYTES      # CUDA, TP 2: exchange slots of this size, and the windows (0: neither)
     overlap_from: int | None = OVERLAP_FROM   # rows from which the overlapped schedule runs, where there is an exchange
 
+    def __post_init__(self):
+        for k in ("pad", "graph_rows"):
+            if not (isinstance(getattr(self, k), int) and getattr(self, k) >= 1):
+                raise ValueError(f"FastConfig({k}={getattr(self, k)!r}): a whole number of rows >= 1")
+        if self.graph_rows % self.pad:
+            raise ValueError(f"FastConfig(graph_rows={self.graph_rows}, pad={self.pad}): graph_rows must be a multiple "
+                             "of pad (the graphed lengths are its multiples)")
+
 # %% ../nbs/08a_fast.ipynb #14867c76
 def _sum_dtypes(enc) -> tuple:
     "The dtypes `enc`'s sums travel in: the embedding's (the model dtype), and the row-parallel ones' (`tp.REDUCES`)."
@@ -291,6 +301,8 @@ def warmup(enc) -> float:
     text = lambda n: dict(input_ids=torch.arange(n) % ids)   # text ids, below every special token
     for n in range(r.pad, r.graph_rows + 1, r.pad): enc.encode(**text(n))
     for n in (r.graph_rows + r.pad + 1, r.graph_rows + 4 * r.pad): enc.encode(**text(n))   # no graph: as they are
+    if r.overlap_from:   # TP 2: the overlapped schedule's compiled stages, at two lengths
+        for n in (r.overlap_from, r.overlap_from + 4 * r.pad): enc.encode(**text(n))
     for lens in ((40, 24), (30, 50, 20)): enc.encode_batch([text(n) for n in lens])
     for i, (images, videos) in enumerate(((((1, 8, 8),), ()), (((1, 12, 16),), ()), ((), ((2, 8, 8),)),
                                           ((), ((3, 8, 12),)))):

@@ -18,6 +18,7 @@ from pathlib import Path
 from dataclasses import dataclass
 import torch
 import torch.nn as nn
+import torch.nn.functional as F
 from safetensors import safe_open
 from safetensors.torch import save_file
 from .config import EncoderConfig, tiny, path_exists, read_json
@@ -160,11 +161,23 @@ def block_mm(x: torch.Tensor, w: torch.Tensor, scale_inv: torch.Tensor, block=(1
     ("`x [M, K] @ (w · scale_inv)ᵀ` with `x` quantized per token and 128 columns: `torch._scaled_mm` with 1x128 and "
      "128x128 block scales (CUDA, cuBLAS >= 12.9, Hopper), else `block_mm_reference`.")
     fits = w.shape[1] // block[1] % 4 == 0   # cuBLAS takes the scales' K blocks in multiples of 4
-    if not (x.is_cuda and block_kernel(x.device) == "scaled_mm" and fits):
+    if not (x.is_cuda and block_kernel(x.device) == "scaled_mm"):
         return block_mm_reference(x, w, scale_inv, block, out_dtype)
-    xq, xs = quantize_act_blocks(x, block[1])
+    if not fits:
+        _say_once(f"block-FP8 weight {tuple(w.shape)}: {w.shape[1] // block[1]} scale blocks along K, not a multiple "
+                  "of 4 as cuBLAS's block-scaled GEMM takes them (a TP size of 4 or more cuts them so): this layer "
+                  "runs `block_mm_reference` (fp32, slow); a TP size of 1 or 2 keeps every 32B shape on the kernel")
+        return block_mm_reference(x, w, scale_inv, block, out_dtype)
+    m = x.shape[0]   # rows padded to a multiple of 4 as well: the activation scales' leading dimension is the rows
+    xq, xs = quantize_act_blocks(x if m % 4 == 0 else F.pad(x, (0, 0, 0, -m % 4)), block[1])
     # the activation scales outer-dim-major ([M, K/128], stride (1, M)); the weight's as stored, seen transposed
-    return torch._scaled_mm(xq, w.t(), xs.t().contiguous().t(), scale_inv.t(), out_dtype=out_dtype)
+    return torch._scaled_mm(xq, w.t(), xs.t().contiguous().t(), scale_inv.t(), out_dtype=out_dtype)[:m]
+
+_SAID: set = set()
+
+def _say_once(msg: str):
+    "Log `msg` (a warning) the first time only."
+    if msg not in _SAID: _SAID.add(msg); logging.getLogger(__name__).warning(msg)
 
 _KERNELS: dict = {}   # device -> "scaled_mm" | "dequantize": what `block_kernel` found, probed once per device
 

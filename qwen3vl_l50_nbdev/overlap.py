@@ -49,9 +49,10 @@ def overlapped(text, h: torch.Tensor, positions: torch.Tensor, visual_mask=None,
                lens: list[int] | None = None, stages: tuple = STAGES) -> torch.Tensor:
     ("`text.TextModel.forward`'s result, its layers run on two row halves, each half's sums over the group in flight "
      "while the other half computes; `stages`: `STAGES` or fast mode's compiled copies.")
-    cos, sin = text.rotary(positions, h.dtype)
+    dtype, fp32 = h.dtype, text.fp32   # fast mode's fp32: the tables and the residual stream
+    cos, sin = text.rotary(positions, torch.float32 if fp32 else dtype)
     attn_in, attend, attn_partial, mlp_in, mlp_partial = stages
-    xs, mlp = list(h.tensor_split(2)), [None, None]   # the halves, and each one's pending MLP sum
+    xs, mlp = list((h.float() if fp32 else h).tensor_split(2)), [None, None]   # the halves, each one's pending MLP sum
     for i, layer in enumerate(text.layers):
         qkv = []
         for c in (0, 1):
@@ -65,4 +66,4 @@ def overlapped(text, h: torch.Tensor, positions: torch.Tensor, visual_mask=None,
         if deepstack is not None and i < len(deepstack):   # DeepStack adds to whole rows: finish this layer first
             h = inject(torch.cat([add_sum(x, m.wait()) for x, m in zip(xs, mlp)]), visual_mask, deepstack[i])
             xs, mlp = list(h.tensor_split(2)), [None, None]
-    return torch.cat([add_sum(x, m.wait()) for x, m in zip(xs, mlp)])
+    return torch.cat([add_sum(x, m.wait()) for x, m in zip(xs, mlp)]).to(dtype)

@@ -63,8 +63,8 @@ def _records(p: Path):
                    else pd.read_csv(p, dtype=str, keep_default_na=False))   # CSV: text as it is, "" for empty
         except Exception as e:
             raise ValueError(f"--prompts {p} could not be read as a {p.suffix[1:]} table ({e})") from None
-        for i, row in enumerate(df.to_dict("records"), 1):   # CSV: the row's line, after the header; Parquet: its row
-            where = f"{p}:{i + 1}" if p.suffix.lower() == ".csv" else f"{p}:row {i}"
+        for i, row in enumerate(df.to_dict("records"), 1):   # a row, not a line: a CSV field may span lines
+            where = f"{p}:row {i}"
             yield where, {k: c for k, v in row.items() if (c := _cell(v, str(k), where)) is not None}
         return
     try: lines = p.read_text(encoding="utf-8").splitlines()
@@ -79,7 +79,7 @@ def _records(p: Path):
 
 def read_prompts(path) -> list[Prompt]:
     ("Every prompt of a JSON Lines file (or a Parquet or CSV table, a row a prompt), each checked (keys, `text`, "
-     "files there); errors name `file:line` (`file:row N` in Parquet).")
+     "files there); errors name `file:line` (`file:row N` in a table).")
     p = Path(path)
     if not p.is_file(): raise ValueError(f"--prompts {p}: no such file (a JSON Lines file, one prompt a line)")
     out, seen = [], {}

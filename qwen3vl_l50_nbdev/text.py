@@ -64,7 +64,8 @@ def attend_each(attend, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lens,
      "`flash` (CUDA): through flash attention, which takes any length as it comes (cuDNN's, the default on Hopper, "
      "builds a plan for every new length: a packed batch's prompts are of every length).")
     lens = lens.tolist() if torch.is_tensor(lens) else list(lens)
-    with sdpa_kernel(SDPBackend.FLASH_ATTENTION) if flash and q.is_cuda else contextlib.nullcontext():
+    flash = flash and q.is_cuda and q.dtype in (torch.float16, torch.bfloat16)   # flash takes no fp32
+    with sdpa_kernel(SDPBackend.FLASH_ATTENTION) if flash else contextlib.nullcontext():
         return torch.cat([attend(*qkv) for qkv in zip(*(t.split(lens, 1) for t in (q, k, v)))], 2)
 
 class Attention(nn.Module):

@@ -61,7 +61,8 @@ def attend_frames(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lens, scale
     lens, s, heads = lens.tolist() if torch.is_tensor(lens) else list(lens), q.shape[0], q.shape[1]
     if batched:   # a run of c segments of n patches: one (c, heads, n, head_dim) call
         runs = _runs(lens)
-        with sdpa_kernel(SDPBackend.FLASH_ATTENTION) if q.is_cuda else contextlib.nullcontext():   # no plan a size
+        flash = q.is_cuda and q.dtype in (torch.float16, torch.bfloat16)   # no plan a size; flash takes no fp32
+        with sdpa_kernel(SDPBackend.FLASH_ATTENTION) if flash else contextlib.nullcontext():
             o = [F.scaled_dot_product_attention(*(t.reshape(c, n, heads, -1).transpose(1, 2) for t in qkv),
                                                 scale=scale).transpose(1, 2).reshape(c * n, -1)
                  for (n, c), qkv in zip(runs, zip(*(t.split([n * c for n, c in runs]) for t in (q, k, v))))]

@@ -104,13 +104,19 @@ def test_replicas_and_tp_on_gloo(ckpt, mixed, tmp_path):
     assert (prov["replicas"], prov["tp"], prov["world"], prov["mode"], prov["duplicates"]) == (2, 1, 2, "exact", 1)
     assert {"checkpoint_fingerprint", "package", "commit", "torch", "transformers", "devices", "date", "command",
             "dtype", "layer", "reduce", "quant"} <= set(prov)
-    r = run(*args(ckpt, mixed, tmp_path / "t2", "--tp", 2, "--batch-tokens", 200, "--nproc", 2))
+    tp2 = lambda out: run(*args(ckpt, mixed, tmp_path / out, "--tp", 2, "--batch-tokens", 200, "--nproc", 2, "--cache",
+                                tmp_path / "c"))
+    r = tp2("t2")
     assert r.returncode == 0, r.stdout + r.stderr[-3000:]
     emb = load_embeddings(tmp_path / "t2")
     for k, t in ref.items():   # TP 2 sums the row-parallel halves in fp32, then rounds to bf16: a few bf16 ulps
         e = emb[k].float() - t.float()
         assert (e.norm() / t.float().norm()) < 2e-2, (k, SEED)
     assert json.loads((tmp_path / "t2" / "provenance.json").read_text())["replicas"] == 1
+    # again into another DIR from the cache: both ranks of the TP group agree on every hit, the bits are the first's
+    r = tp2("t3")
+    assert r.returncode == 0 and "12 cache hits" in r.stdout, r.stdout + r.stderr[-3000:]
+    same(tmp_path / "t3", {k: emb[k] for k in emb})
 
 
 def _kids(pid: int) -> list[int]:
