@@ -128,14 +128,13 @@ class BlockTensor:
             what = ("rows", "columns")[dim]
             raise ValueError(f"{self.name}: {what} {start}:{start + length} of {n} cut its {b}-{what[:-1]} scale "
                              f"blocks: shards must start and end on multiples of {b} (choose another TP size)")
-        return (self.weight.narrow(dim, start, length),
-                self.scale_inv.narrow(dim, start // b, -(-length // b)))
+        s = self.scale_inv.narrow(dim, start // b, -(-length // b))
+        check_scale_values(scale_name(self.name), s)   # kept in FP8 or dequantized: finite, positive scales
+        return self.weight.narrow(dim, start, length), s
 
     def narrow(self, dim: int, start: int, length: int) -> torch.Tensor:
         "The slice dequantized to fp32 (what a bf16 layer copies: rounded once, as transformers' dequantized load)."
-        q, s = self.blocks(dim, start, length)
-        check_scale_values(scale_name(self.name), s)
-        return dequantize_blocks(q, s, self.block)
+        return dequantize_blocks(*self.blocks(dim, start, length), self.block)
 
     def read(self) -> torch.Tensor: return self.narrow(0, 0, self.shape[0])
 

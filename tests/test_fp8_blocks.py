@@ -146,6 +146,12 @@ def test_bad_input_named_before_compute(ckpts, tmp_path, what):
     with pytest.raises(ValueError, match=msg):
         Encoder.from_pretrained(d, 3, progress=False)
 
+@pytest.mark.parametrize("what", ["a zero scale", "a NaN scale"])
+def test_bad_scales_refused_by_block_layers(ckpts, tmp_path, what):
+    "The block-FP8 layers (Hopper's path, which keeps FP8) refuse bad scales as the dequantizing path does."
+    edit, msg = BAD[what]
+    with pytest.raises(ValueError, match=msg): _block_encoder(broken_checkpoint(ckpts[1], tmp_path / "bad", edit))
+
 def test_quant_fp8_on_a_block_checkpoint_refused(ckpts):
     with pytest.raises(ValueError, match="block-FP8 checkpoint .* drop quant='fp8'"):
         Encoder.from_pretrained(ckpts[1], 3, progress=False, quant="fp8")
