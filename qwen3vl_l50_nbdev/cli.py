@@ -4,9 +4,9 @@
 
 # %% auto #0
 __all__ = ['FAST_BOUND', 'TP_BOUND', 'FP8_BOUND', 'MODEL_FLAGS', 'DEMO_PROMPT', 'RC_DIR', 'is_rank0', 'check_out', 'check_apart',
-           'write_out', 'cmd_make_tiny', 'cmd_encode', 'parity', 'why', 'cmd_check', 'model_flags', 'cmd_demo',
-           'command_line', 'die_with_parent', 'launch', 'cmd_validate', 'cmd_encode_dataset', 'parser', 'main',
-           'Interrupted']
+           'write_out', 'write_atomic', 'cmd_make_tiny', 'cmd_encode', 'parity', 'why', 'cmd_check', 'model_flags',
+           'cmd_demo', 'command_line', 'die_with_parent', 'launch', 'cmd_validate', 'cmd_encode_dataset', 'parser',
+           'main', 'Interrupted']
 
 # %% ../nbs/12_cli.ipynb #b3e51cd5
 import os
@@ -90,14 +90,18 @@ def check_apart(path, inputs) -> Path:
     return t
 
 def write_out(tensors: dict, path, metadata: dict | None = None) -> Path:
-    ("Write `tensors` (and the string pairs `metadata`) to `check_out(path)` atomically (temp file + rename); new "
-     "files get `0666 & ~umask`.")
+    "Write `tensors` (and the string pairs `metadata`) to `path` atomically (`write_atomic`)."
+    return write_atomic(path, lambda tmp: save_file(tensors, tmp, metadata))
+
+def write_atomic(path, write) -> Path:
+    ("`write(tmp)` to a temp file beside `check_out(path)`, synced, then renamed to it: a reader sees the old file or "
+     "the whole new one, never a part; new files get `0666 & ~umask`.")
     t = check_out(path)
     mode = t.stat().st_mode & 0o7777 if t.exists() else 0o666 & ~_umask()
     fd, tmp = tempfile.mkstemp(dir=t.parent, prefix=f".{t.name}.", suffix=".tmp")
     try:
         os.close(fd)
-        save_file(tensors, tmp, metadata)
+        write(Path(tmp))
         with open(tmp, "rb+") as f: os.fsync(f.fileno())
         os.chmod(tmp, mode)
         os.replace(tmp, t)

@@ -26,13 +26,13 @@ from safetensors.torch import load_file
 from tqdm.auto import tqdm
 import qwen3vl_l50_nbdev
 from .config import EncoderConfig
-from .dist import encoder_group, init_world
+from .dist import encoder_group, init_world, gather_objects
 from .encoder import Encoder
 from .loading import checkpoint_fingerprint
 from .inputs import Processor
 from .prompts import Prompt, read_prompts, process_prompt
 from .provenance import git_commit, provenance
-from .cli import write_out, is_rank0, _agree
+from .cli import write_out, write_atomic, is_rank0, _agree
 
 # %% ../nbs/15_dataset.ipynb #4bec50d7
 def input_hash(x: dict) -> str:
@@ -158,11 +158,6 @@ class Cache:
         write_out({"embedding": t.contiguous()}, p)
 
 # %% ../nbs/15_dataset.ipynb #5971c320
-def _gather(obj) -> list:
-    if not dist.is_initialized() or dist.get_world_size() == 1: return [obj]
-    box = [None] * dist.get_world_size(); dist.all_gather_object(box, obj)
-    return box
-
 def scan(prompts: list[Prompt], proc: Processor, cfg: EncoderConfig) -> list[Item]:
     "The `Item` of every prompt (this rank processes its share, then all gather); `ValueError` at the first bad line."
     rank, world = (dist.get_rank(), dist.get_world_size()) if dist.is_initialized() else (0, 1)
@@ -174,7 +169,7 @@ def scan(prompts: list[Prompt], proc: Processor, cfg: EncoderConfig) -> list[Ite
         try: x = process_prompt(q, proc, cfg)
         except ValueError as e: err = (i, str(e)); break
         mine.append(Item(i, q.id, len(x["input_ids"]), input_hash(x)))
-    got = _gather((mine, err))
+    got = gather_objects((mine, err))
     if errs := [e for _, e in got if e is not None]: raise ValueError(min(errs)[1])
     return sorted((it for m, _ in got for it in m), key=lambda it: it.index)
 
@@ -245,13 +240,6 @@ def manifest_rows(items: list[Item], batches: list[list[Item]]) -> dict[str, lis
                 tensor=[where[it.hash][1] for it in items], tokens=[it.tokens for it in items],
                 input_hash=[it.hash for it in items], line=[it.index for it in items])
 
-def _atomic(out: Path, write):
-    "`write(tmp)`, then `tmp` renamed to `out`."
-    tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
-    try: write(tmp); os.replace(tmp, out)
-    finally:
-        if tmp.exists(): tmp.unlink()
-
 def check_shards(out, batches: list[list[Item]]):
     "Every shard there and holding exactly its batch's ids; else `ValueError` naming the first that is not."
     for k, b in enumerate(batches):
@@ -270,8 +258,8 @@ def write_manifest(out, items: list[Item], batches: list[list[Item]], prov: dict
     import pyarrow.parquet as pq
     out = Path(out)
     table = pa.table(manifest_rows(items, batches))
-    _atomic(out / PROVENANCE, lambda t: t.write_text(json.dumps(prov, indent=1) + "\n"))
-    _atomic(out / MANIFEST, lambda t: pq.write_table(table, t))
+    write_atomic(out / PROVENANCE, lambda t: t.write_text(json.dumps(prov, indent=1) + "\n"))
+    write_atomic(out / MANIFEST, lambda t: pq.write_table(table, t))
 
 # %% ../nbs/15_dataset.ipynb #a41bcac8
 def read_embedding(out, shard: str, tensor: str, files: dict | None = None) -> torch.Tensor:
@@ -364,8 +352,9 @@ def encode_dataset(model, prompts_file, out, layer: int | None = None, tp: int =
     state = [None]
     def prepare():
         state[0] = check_dir(out, settings, overwrite)
-        if state[0] == "new": _atomic(Path(out) / JOB, lambda t: t.write_text(json.dumps(settings, indent=1) + "\n"))
-        for f in Path(out).glob(".shard-*.tmp"): f.unlink()   # a killed run's half-written shard
+        if state[0] == "new":
+            write_atomic(Path(out) / JOB, lambda t: t.write_text(json.dumps(settings, indent=1) + "\n"))
+        for f in Path(out).glob(".*.tmp"): f.unlink()   # a killed run's half-written shard or file
     _agree(prepare)
     state = _share(state[0])
     done = _share({k for k in sizes if (Path(out) / shard_name(k)).exists()} if is_rank0() else None)

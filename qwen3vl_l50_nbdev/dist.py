@@ -4,8 +4,8 @@
 
 # %% auto #0
 __all__ = ['ONE_SHOT_BYTES', 'EXCHANGE_BYTES', 'EXCHANGE_SLOTS', 'WINDOW_BYTES', 'Group', 'one_shot_sum', 'OneShot', 'PendingSum',
-           'sum_terms', 'Exchange', 'window_barrier', 'SymmetricSums', 'encoder_group', 'init_world', 'RemoteTraceback',
-           'spawn']
+           'sum_terms', 'Exchange', 'window_barrier', 'SymmetricSums', 'encoder_group', 'init_world', 'gather_objects',
+           'RemoteTraceback', 'spawn']
 
 # %% ../nbs/01_dist.ipynb #5f1fad8f
 import os
@@ -283,6 +283,13 @@ def init_world(device: str | None = None, timeout_s: int = 120) -> torch.device:
         dist.init_process_group("nccl" if cuda else "gloo", timeout=datetime.timedelta(seconds=timeout_s),
                                 **({"device_id": dev} if cuda else {}))
     return dev
+
+# %% ../nbs/01_dist.ipynb #96f72304
+def gather_objects(obj) -> list:
+    "`obj` of every rank of the world, in rank order (`[obj]` without a process group)."
+    if not dist.is_initialized() or dist.get_world_size() == 1: return [obj]
+    box = [None] * dist.get_world_size(); dist.all_gather_object(box, obj)
+    return box
 
 # %% ../nbs/01_dist.ipynb #e0ca66a4
 class RemoteTraceback(Exception):

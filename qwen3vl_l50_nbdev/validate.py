@@ -33,7 +33,7 @@ from safetensors import safe_open
 from tqdm.auto import tqdm
 import qwen3vl_l50_nbdev
 from .config import EncoderConfig
-from .dist import encoder_group, init_world
+from .dist import encoder_group, init_world, gather_objects
 from .tp import REDUCE_MODES
 from .fp8 import GRANULARITIES
 from .fast import MODES
@@ -400,7 +400,7 @@ def validate(model, prompts_file, out, layer: int | None = None, tp="1", reduce=
         if enc.is_loaded:
             if perturb is not None: perturb(enc, v)
             vrows = measure(enc, v, xs, ref, teacher, bar if rank0 else None)
-        peaks = _gather(peak_gib(dev) if enc.is_loaded else float("nan"))
+        peaks = gather_objects(peak_gib(dev) if enc.is_loaded else float("nan"))
         rows += [r | dict(peak_gib=max(x for x in peaks if x == x), peak_gib_ranks=";".join(f"{x:.3f}" for x in peaks))
                  for r in vrows]
         del enc; gc.collect()
@@ -413,12 +413,6 @@ def validate(model, prompts_file, out, layer: int | None = None, tp="1", reduce=
     v = verdicts(df)
     if report: write_report(out)
     return df, v
-
-def _gather(x: float) -> list[float]:
-    "`x` of every rank of the world, in rank order."
-    if not dist.is_initialized(): return [x]
-    box = [None] * dist.get_world_size(); dist.all_gather_object(box, x)
-    return box
 
 # %% ../nbs/14_validate.ipynb #ae35fd1e
 def run_validate(a, perturb=None) -> int:
