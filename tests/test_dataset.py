@@ -25,10 +25,7 @@ SEED = random.SystemRandom().randrange(2 ** 31)   # fresh inputs each session; p
 
 
 @pytest.fixture(scope="module")
-def ckpt(tmp_path_factory):
-    d = tmp_path_factory.mktemp("model") / "m"
-    assert main(["make-tiny", str(d), "--real-vocab"]) == 0
-    return d
+def ckpt(vocab_ckpt): return vocab_ckpt   # conftest's: one tiny real-vocabulary checkpoint for the session
 
 
 @pytest.fixture(scope="module")

@@ -18,11 +18,7 @@ CLI = [sys.executable, "-m", "qwen3vl_l50_nbdev.cli"]
 
 
 @pytest.fixture(scope="module")
-def ckpt(tmp_path_factory):
-    "A tiny checkpoint with Qwen's vocabulary (real prompts tokenize), 4 decoder layers."
-    d = tmp_path_factory.mktemp("model") / "m"
-    assert main(["make-tiny", str(d), "--real-vocab"]) == 0
-    return d
+def ckpt(vocab_ckpt): return vocab_ckpt   # conftest's: one tiny real-vocabulary checkpoint for the session
 
 
 @pytest.fixture(scope="module")
