@@ -5,8 +5,8 @@
 # %% auto #0
 __all__ = ['FAST_BOUND', 'TP_BOUND', 'FP8_BOUND', 'MODEL_FLAGS', 'DEMO_PROMPT', 'RC_DIR', 'is_rank0', 'check_out', 'check_apart',
            'write_out', 'write_atomic', 'cmd_make_tiny', 'cmd_encode', 'parity', 'why', 'cmd_check', 'model_flags',
-           'cmd_demo', 'command_line', 'die_with_parent', 'launch', 'cmd_validate', 'cmd_encode_dataset', 'parser',
-           'main', 'Interrupted']
+           'cmd_demo', 'command_line', 'die_with_parent', 'launch', 'cmd_validate', 'cmd_encode_dataset',
+           'prompts_args', 'run_args', 'parser', 'main', 'Interrupted']
 
 # %% ../nbs/12_cli.ipynb #b3e51cd5
 import os
@@ -386,6 +386,22 @@ def cmd_encode_dataset(a) -> int:
     if s is not None and is_rank0(): print(f"{s}; in {a.out}", flush=True)
 
 # %% ../nbs/12_cli.ipynb #2580c14e
+def prompts_args(s: argparse.ArgumentParser):
+    "`--model` and `--prompts`: what `validate` and `encode-dataset` read."
+    s.add_argument("--model", required=True, help="HF-format checkpoint directory")
+    s.add_argument("--prompts", required=True, help='JSON Lines, one prompt a line: {"id": ..., "text": ..., '
+                   '"images": [...], "videos": [...]} or {"id": ..., "input_ids": [...]} (paths relative to the file; '
+                   "id optional: the line number); or a Parquet or CSV table with those columns")
+
+def run_args(s: argparse.ArgumentParser, ranks: str):
+    "`--max-pixels`, `--device` and `--nproc` (`ranks`: how many it needs) of `validate` and `encode-dataset`."
+    s.add_argument("--max-pixels", type=int, default=None,
+                   help="cap on the pixels of each picture and video frame (default: the checkpoint's processor's)")
+    s.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available); torchrun: "
+                   "cuda:LOCAL_RANK")
+    s.add_argument("--nproc", type=int, default=None,
+                   help=f"run on this many local ranks (torchrun is started for you): {ranks}")
+
 def parser() -> argparse.ArgumentParser:
     "The `qwen3vl-l50` argument parser."
     p = argparse.ArgumentParser(prog="qwen3vl-l50", description="Tensor-parallel Qwen3-VL layer-N encoder.")
@@ -446,9 +462,7 @@ def parser() -> argparse.ArgumentParser:
     s = sub.add_parser("validate", help="every variant against transformers' fp32 reference on your prompts, layer "
                        "by layer: a verdict per variant from the numerics contract (exit 1 if one is outside it) and "
                        "a report (14_validate)")
-    s.add_argument("--model", required=True, help="HF-format checkpoint directory")
-    s.add_argument("--prompts", required=True, help='JSON Lines, one prompt a line: {"id": ..., "text": ..., '
-                   '"images": [...], "videos": [...]} (paths relative to the file; id optional: the line number)')
+    prompts_args(s)
     s.add_argument("--out", required=True, help="report directory: results.csv, report.html, report.ipynb")
     s.add_argument("--layer", type=int, default=None,
                    help="selected layer N (default: 50, or the checkpoint's layer count if smaller)")
@@ -461,17 +475,10 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("--mode", default="exact", help=f"modes, comma-separated: {', '.join(MODES)}")
     s.add_argument("--ref-dtype", choices=["fp32", "fp64"], default="fp32",
                    help="the reference's dtype (fp64: on the CPU, for a reference below fp32's noise)")
-    s.add_argument("--max-pixels", type=int, default=None,
-                   help="cap on the pixels of each picture and video frame (default: the checkpoint's processor's)")
-    s.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available); torchrun: "
-                   "cuda:LOCAL_RANK")
-    s.add_argument("--nproc", type=int, default=None, help="run on this many local ranks (torchrun is started for "
-                   "you); at least the largest --tp")
+    run_args(s, "at least the largest --tp")
     s = sub.add_parser("encode-dataset", help="encode a prompts file into safetensors shards, a manifest.parquet and "
                        "provenance.json, across replicas x --tp ranks; resumable (15_dataset)")
-    s.add_argument("--model", required=True, help="HF-format checkpoint directory")
-    s.add_argument("--prompts", required=True, help='JSON Lines, one prompt a line: {"id": ..., "text": ..., '
-                   '"images": [...], "videos": [...]} or {"id": ..., "input_ids": [...]} (paths relative to the file)')
+    prompts_args(s)
     s.add_argument("--out", required=True, help="output directory: shard-*.safetensors, manifest.parquet, "
                    "provenance.json; the same command again finishes an interrupted job")
     s.add_argument("--layer", type=int, default=None,
@@ -490,12 +497,7 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("--cache", default=None, help="directory of embeddings kept across runs, by input and numerics "
                    "settings: an input seen before is read, not encoded")
     s.add_argument("--overwrite", action="store_true", help="replace the embeddings of another job in --out")
-    s.add_argument("--max-pixels", type=int, default=None,
-                   help="cap on the pixels of each picture and video frame (default: the checkpoint's processor's)")
-    s.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available); torchrun: "
-                   "cuda:LOCAL_RANK")
-    s.add_argument("--nproc", type=int, default=None, help="run on this many local ranks (torchrun is started for "
-                   "you): replicas x --tp")
+    run_args(s, "replicas x --tp")
     return p
 
 def main(argv=None) -> int:
