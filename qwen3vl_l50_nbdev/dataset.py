@@ -5,8 +5,9 @@
 # %% auto #0
 __all__ = ['JOB', 'MANIFEST', 'PROVENANCE', 'OURS', 'NUMERICS', 'input_hash', 'Item', 'distinct', 'plan_batches', 'assign',
            'shard_name', 'prompts_digest', 'job_settings', 'differences', 'check_dir', 'Cache', 'scan', 'encode_items',
-           'run_batch', 'write_shard', 'Progress', 'manifest_rows', 'check_shards', 'write_manifest', 'read_embedding',
-           'Embeddings', 'load_embeddings', 'Summary', 'same_kernels', 'encode_dataset', 'run_provenance']
+           'run_batch', 'write_shard', 'encode_batches', 'Progress', 'manifest_rows', 'check_shards', 'write_manifest',
+           'read_embedding', 'Embeddings', 'load_embeddings', 'Summary', 'same_kernels', 'encode_dataset',
+           'run_provenance']
 
 # %% ../nbs/15_dataset.ipynb #1ea892b2
 import contextlib
@@ -18,6 +19,7 @@ from pathlib import Path
 from typing import NamedTuple
 from collections import Counter
 from collections.abc import Mapping
+from concurrent.futures import ThreadPoolExecutor
 import torch
 import torch.distributed as dist
 import xxhash
@@ -203,6 +205,22 @@ def write_shard(out, k: int, embs: dict, hits: int, seconds: float) -> Path:
     "Shard `k` of `out`: `embs` (contiguous), with how many came from the cache and the seconds it took, atomically."
     return write_out({i: t.contiguous() for i, t in embs.items()}, Path(out) / shard_name(k),
                      metadata=dict(cache_hits=str(hits), seconds=f"{seconds:.6f}"))
+def encode_batches(enc: Encoder, batches: dict[int, list[Item]], inputs, mode: str, out,
+                   cache: Cache | None = None) -> None:
+    ("Each of `batches` (`{k: items}`, in order) encoded into its shard `k` of `out` (by rank 0 of the TP group), as a "
+     "pipeline: while the device encodes a batch, a thread prepares the next one's inputs and another writes the last "
+     "shard (at most one in flight: two batches' embeddings in memory).")
+    ks = list(batches)
+    prepare = lambda k: {it.index: inputs(it) for it in batches[k]}
+    with ThreadPoolExecutor(1) as reader, ThreadPoolExecutor(1) as writer:
+        ahead, writing = reader.submit(prepare, ks[0]) if ks else None, None
+        for i, k in enumerate(ks):
+            t, xs = time.perf_counter(), ahead.result()
+            if i + 1 < len(ks): ahead = reader.submit(prepare, ks[i + 1])
+            embs, hits = run_batch(enc, batches[k], lambda it: xs[it.index], mode, cache)
+            if writing: writing.result()   # the last shard is written (or its error raised here)
+            if enc.group.rank == 0: writing = writer.submit(write_shard, out, k, embs, hits, time.perf_counter() - t)
+        if writing: writing.result()
 
 # %% ../nbs/15_dataset.ipynb #94d31fea
 class Progress:
@@ -372,11 +390,8 @@ def encode_dataset(model, prompts_file, out, layer: int | None = None, tp: int =
                                       progress=False, mode=mode)
         t1 = time.perf_counter()
         with Progress(out, sizes, counts, done, show=progress and is_rank0()) as bar:
-            for k in mine:
-                t = time.perf_counter()
-                again = lambda it: process_prompt(prompts[it.index], proc, cfg)   # processed again: not kept in memory
-                embs, hits = run_batch(enc, batches[k], again, mode, store)
-                if enc.group.rank == 0: write_shard(out, k, embs, hits, time.perf_counter() - t)
+            again = lambda it: process_prompt(prompts[it.index], proc, cfg)   # processed again: not kept in memory
+            encode_batches(enc, {k: batches[k] for k in mine}, again, mode, out, store)
             if not is_rank0(): return None
             while len(bar.poll()) < len(batches): time.sleep(0.2)   # the other replicas' shards
     secs = time.perf_counter() - t1
