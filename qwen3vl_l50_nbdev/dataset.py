@@ -5,9 +5,9 @@
 # %% auto #0
 __all__ = ['JOB', 'MANIFEST', 'PROVENANCE', 'OURS', 'NUMERICS', 'input_hash', 'Item', 'distinct', 'plan_batches', 'assign',
            'shard_name', 'prompts_digest', 'job_settings', 'differences', 'check_dir', 'Cache', 'scan', 'encode_items',
-           'run_batch', 'write_shard', 'encode_batches', 'Progress', 'manifest_rows', 'check_shards', 'write_manifest',
-           'read_embedding', 'Embeddings', 'load_embeddings', 'Summary', 'same_kernels', 'encode_dataset',
-           'run_provenance']
+           'run_batch', 'on_host', 'write_shard', 'encode_batches', 'Progress', 'manifest_rows', 'check_shards',
+           'write_manifest', 'read_embedding', 'Embeddings', 'load_embeddings', 'Summary', 'same_kernels',
+           'encode_dataset', 'run_provenance']
 
 # %% ../nbs/15_dataset.ipynb #1ea892b2
 import contextlib
@@ -177,13 +177,15 @@ def scan(prompts: list[Prompt], proc: Processor, cfg: EncoderConfig) -> list[Ite
 
 # %% ../nbs/15_dataset.ipynb #a8601863
 def encode_items(enc: Encoder, xs: list[dict], mode: str) -> list[torch.Tensor]:
-    "The embeddings of the inputs `xs`: one `encode` call each (exact mode), or one `encode_batch` (fast mode)."
+    ("The embeddings of the inputs `xs`, left on the encoder's device (no wait for it): one `encode` call each (exact "
+     "mode), or one `encode_batch` (fast mode).")
     if not xs: return []
-    return [enc.encode(**x) for x in xs] if mode == "exact" else enc.encode_batch(xs)
+    on = enc.device
+    return [enc.encode(**x, output_device=on) for x in xs] if mode == "exact" else enc.encode_batch(xs, on)
 
-def run_batch(enc: Encoder, batch: list[Item], inputs, mode: str, cache: Cache | None = None) -> tuple[dict, int]:
-    ("`{id: embedding}` of `batch` (`inputs(item)`: its `encode` inputs; cached ones read, not encoded) and how many "
-     "came from `cache`.")
+def run_batch(enc: Encoder, batch: list[Item], inputs, mode: str, cache: Cache | None = None) -> tuple[dict, set]:
+    ("`{id: embedding}` of `batch` (`inputs(item)`: its `encode` inputs), encoded ones on the encoder's device, and "
+     "the ids read from `cache` instead (on the CPU).")
     got = {it.id: cache.get(it.hash) for it in batch} if cache else {}
     if cache and enc.group.size > 1:   # the group's ranks must encode the same prompts: a hit where every one read it
         hit = torch.tensor([got[it.id] is not None for it in batch], dtype=torch.int32, device=enc.device)
@@ -191,35 +193,61 @@ def run_batch(enc: Encoder, batch: list[Item], inputs, mode: str, cache: Cache |
         got = {it.id: got[it.id] if h else None for it, h in zip(batch, every)}
     todo = [it for it in batch if got.get(it.id) is None]
     if mode == "fast" and todo: todo = batch   # a packed batch's bits depend on all its prompts: all or none cached
-    hs = encode_items(enc, [inputs(it) for it in todo], mode)
-    for it, h in zip(todo, hs, strict=True):
-        if not bool(torch.isfinite(h).all()):
+    got |= dict(zip([it.id for it in todo], encode_items(enc, [inputs(it) for it in todo], mode), strict=True))
+    return {it.id: got[it.id] for it in batch}, {it.id for it in batch} - {it.id for it in todo}
+
+def _mark(device):
+    "Now: an event recorded on `device`'s current stream (CUDA), or the host clock."
+    if torch.device(device).type != "cuda": return time.perf_counter()
+    e = torch.cuda.Event(enable_timing=True); e.record(); return e
+
+def _seconds(a, b) -> float:
+    "Seconds between two `_mark`s (CUDA events: once `b` is reached)."
+    return b - a if isinstance(a, float) else a.elapsed_time(b) / 1e3
+
+def on_host(embs: dict, device, ready=None) -> dict:
+    ("`embs` on the CPU; from CUDA copied on a stream of their own once the event `ready` is reached, so that the "
+     "device goes on with the next batch meanwhile.")
+    if ready is None: return {i: t.cpu() for i, t in embs.items()}
+    with torch.cuda.device(device), torch.cuda.stream(side := torch.cuda.Stream(device)):
+        side.wait_event(ready)
+        return {i: t.to("cpu") for i, t in embs.items()}   # each copy waits for its own stream only
+
+def write_shard(out, k: int, batch: list[Item], embs: dict, hits: set, device, marks: tuple,
+                cache: Cache | None = None) -> Path:
+    ("Shard `k` of `out`: `embs` brought to the CPU (`on_host`, after the end of `marks`), each checked finite, the "
+     "encoded ones put in `cache`, written atomically with how many came from the cache and the batch's seconds.")
+    embs = on_host(embs, device, None if isinstance(marks[1], float) else marks[1])
+    for it in batch:
+        if not bool(torch.isfinite(embs[it.id]).all()):
             raise ValueError(f"the embedding of prompt {it.id!r} holds NaN or Inf; nothing was written for its shard. "
                              "The weights or inputs hold non-finite values, or the model overflows its dtype: "
                              "`qwen3vl-l50 check` against transformers")
-        got[it.id] = h
-        if cache and enc.group.rank == 0: cache.put(it.hash, h)
-    return {it.id: got[it.id] for it in batch}, len(batch) - len(todo)
-
-def write_shard(out, k: int, embs: dict, hits: int, seconds: float) -> Path:
-    "Shard `k` of `out`: `embs` (contiguous), with how many came from the cache and the seconds it took, atomically."
+    if cache:
+        for it in batch:
+            if it.id not in hits: cache.put(it.hash, embs[it.id])
     return write_out({i: t.contiguous() for i, t in embs.items()}, Path(out) / shard_name(k),
-                     metadata=dict(cache_hits=str(hits), seconds=f"{seconds:.6f}"))
+                     metadata=dict(cache_hits=str(len(hits)), seconds=f"{_seconds(*marks):.6f}"))
+
 def encode_batches(enc: Encoder, batches: dict[int, list[Item]], inputs, mode: str, out,
                    cache: Cache | None = None) -> None:
     ("Each of `batches` (`{k: items}`, in order) encoded into its shard `k` of `out` (by rank 0 of the TP group), as a "
-     "pipeline: while the device encodes a batch, a thread prepares the next one's inputs and another writes the last "
-     "shard (at most one in flight: two batches' embeddings in memory).")
+     "pipeline: while the device encodes a batch, one thread prepares the next batch's inputs and another brings the "
+     "last one's embeddings to the host and writes its shard (one in flight: two batches' embeddings in memory). "
+     "A shard's seconds are its batch's on the device (CUDA events), or on the host clock.")
     ks = list(batches)
     prepare = lambda k: {it.index: inputs(it) for it in batches[k]}
     with ThreadPoolExecutor(1) as reader, ThreadPoolExecutor(1) as writer:
         ahead, writing = reader.submit(prepare, ks[0]) if ks else None, None
         for i, k in enumerate(ks):
-            t, xs = time.perf_counter(), ahead.result()
+            xs = ahead.result()
             if i + 1 < len(ks): ahead = reader.submit(prepare, ks[i + 1])
+            start = _mark(enc.device)
             embs, hits = run_batch(enc, batches[k], lambda it: xs[it.index], mode, cache)
+            marks = (start, _mark(enc.device))
             if writing: writing.result()   # the last shard is written (or its error raised here)
-            if enc.group.rank == 0: writing = writer.submit(write_shard, out, k, embs, hits, time.perf_counter() - t)
+            if enc.group.rank == 0:
+                writing = writer.submit(write_shard, out, k, batches[k], embs, hits, enc.device, marks, cache)
         if writing: writing.result()
 
 # %% ../nbs/15_dataset.ipynb #94d31fea

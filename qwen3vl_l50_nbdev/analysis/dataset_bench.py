@@ -80,14 +80,14 @@ def read_shards(d: Path, n: int) -> tuple[list[torch.Tensor], float]:
 def run(cfg: EncoderConfig, n: int, device, batch_tokens=(8192,), fp8: bool = True, hf: bool = True,
         seed: int = 0, log=print, partial=None) -> pd.DataFrame:
     ("Every method over the same `n` prompts; a row each: seconds, tokens/s, share of the GEMM-bound limit. "
-     "`batch_tokens`: encode-dataset's budgets, bf16 at each (the first is the FP8 run's too). HF runs last (its "
-     "compilation and memory); `partial(rows)` after each method: what is measured survives a time limit.")
+     "`batch_tokens`: encode-dataset's budgets, bf16 at each (the first is the FP8 run's too); `partial(rows)` after "
+     "each method: what is measured survives a run stopped by a time limit.")
     t0 = time.time()
     xs = prompt_mix(cfg, n, seed, patches=(256, 1024) if cfg.text.hidden_size >= 1024 else (16, 64))
     tokens = sum(len(x["input_ids"]) for x in xs)
     cuda = torch.device(device).type == "cuda"
     hf_model, enc = build_pair(cfg, device)
-    fast, to_host = fast_twin(enc), enc.to_host
+    fast = fast_twin(enc)
     peak = gemm_peak(device) if cuda else float("nan")
     limit = peak * 1e12 / (sum(decoder_flops(cfg, len(x["input_ids"])) for x in xs) / tokens)
     log(f"[{time.time() - t0:6.1f} s] built; {n} prompts, {tokens:,} tokens; GEMM peak {peak:.0f} TFLOP/s, "
@@ -107,6 +107,13 @@ def run(cfg: EncoderConfig, n: int, device, batch_tokens=(8192,), fp8: bool = Tr
     with torch.inference_mode(), tempfile.TemporaryDirectory() as d:
         log(f"[{time.time() - t0:6.1f} s] fast mode's warm-up (as from_pretrained runs it): {warmup(fast):.1f} s")
         measure("encode fast", one_at_a_time(fast))
+        if hf:
+            if cuda:
+                for m in hf_model.language_model.layers: m.compile()
+            with eager_unless(cuda): measure("HF compiled" if cuda else "HF eager", hf_loop(hf_model, cfg, device,
+                                                                                          enc.to_host))
+        hf_model = None   # its memory, for FP8's copies
+        free_memory(device)
         for b in batch_tokens: measure(name("bf16", b), dataset_job(fast, b, d), b)
         if fp8:   # as speed.run: both encoders' decoders in FP8, one copy, the fast runners (graphs) made anew
             for e in (enc, fast): quantize_model_(e.text)
@@ -114,13 +121,6 @@ def run(cfg: EncoderConfig, n: int, device, batch_tokens=(8192,), fp8: bool = Tr
             apply_fast(fast, fast.fast)
             log(f"[{time.time() - t0:6.1f} s] FP8 warm-up: {warmup(fast):.1f} s")
             measure(name("FP8", batch_tokens[0]), dataset_job(fast, batch_tokens[0], d), batch_tokens[0])
-        enc = fast = None
-        free_memory(device)
-        if hf:
-            if cuda:
-                for m in hf_model.language_model.layers: m.compile()
-            with eager_unless(cuda): measure("HF compiled" if cuda else "HF eager", hf_loop(hf_model, cfg, device,
-                                                                                          to_host))
     df = pd.DataFrame(rows)
     base = df.set_index("method").tokens_per_s
     err = [diff_row(a, b)["rel_l2"] for a, b in zip(sample["encode-dataset fast bf16"], sample["encode fast"])]

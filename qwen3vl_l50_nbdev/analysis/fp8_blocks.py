@@ -139,28 +139,26 @@ def bench_gemms(cfg: EncoderConfig, seqs=(128, 512, 2048), device="cuda", iters:
 
 # %% ../../nbs/analysis/03b_fp8_blocks.ipynb #ce242a43
 def main(argv=None) -> int:
-    "`python -m qwen3vl_l50_nbdev.analysis.fp8_blocks [--full]`: the measurement, one CSV with provenance."
+    "`python -m qwen3vl_l50_nbdev.analysis.fp8_blocks [--full] [--gemms]`: the measurement, one CSV with provenance."
     p = argparse.ArgumentParser(prog="python -m qwen3vl_l50_nbdev.analysis.fp8_blocks")
     p.add_argument("--full", action="store_true", help="Qwen3-VL-32B dimensions on CUDA (default: block_tiny on CPU)")
     p.add_argument("--layers", type=int, default=10)
     p.add_argument("--seqs", default="128,512,2048")
     p.add_argument("--variants", default=",".join(VARIANTS))
     p.add_argument("--iters", type=int, default=10)
-    p.add_argument("--gemms", action="store_true", help="also each GEMM alone, rowwise and block FP8 (CUDA)")
+    p.add_argument("--gemms", action="store_true", help="only each GEMM alone, rowwise and block FP8 (CUDA)")
     p.add_argument("--workdir", default="/tmp/fp8_blocks", help="where the two checkpoints are written")
-    p.add_argument("--out", default=None, help="the CSV (default: nbs/analysis/data/fp8_blocks_<h200|cpu>.csv)")
+    p.add_argument("--out", default=None, help="the CSV (default: nbs/analysis/data/fp8_blocks[_gemms]_<h200|cpu>.csv)")
     p.add_argument("--commit", default=None, help="git commit to record (default: git rev-parse, if git is there)")
     a = p.parse_args(argv)
-    dev = "cuda" if a.full else "cpu"
+    dev, seqs = "cuda" if a.full else "cpu", [int(s) for s in a.seqs.split(",")]
+    if a.gemms and not a.full: raise SystemExit("--gemms needs --full (CUDA: the CPU has no block-scaled GEMM)")
     cfg = qwen3vl_32b(a.layers) if a.full else block_tiny(a.layers, text=dict(num_hidden_layers=a.layers))
-    df = bench_blocks(cfg, a.workdir, [int(s) for s in a.seqs.split(",")], dev, iters=a.iters,
-                      variants=a.variants.split(","))
-    out = a.out or data_dir() / f"fp8_blocks_{'h200' if a.full else 'cpu'}.csv"
     meta = provenance(dev, a.commit) | dict(config="qwen3vl_32b" if a.full else "block_tiny", layers=a.layers)
-    write_csv(df, out, meta, "%.6g", df.drop(columns=["kernel"]).to_string())
-    if a.gemms:
-        g = bench_gemms(cfg, [int(s) for s in a.seqs.split(",")], dev)
-        write_csv(g, Path(out).with_name(Path(out).stem + "_gemms.csv"), meta, "%.6g", g.to_string())
+    name = f"fp8_blocks{'_gemms' if a.gemms else ''}_{'h200' if a.full else 'cpu'}.csv"
+    df = (bench_gemms(cfg, seqs, dev, a.iters) if a.gemms
+          else bench_blocks(cfg, a.workdir, seqs, dev, iters=a.iters, variants=a.variants.split(",")))
+    write_csv(df, a.out or data_dir() / name, meta, "%.6g", df.drop(columns=["kernel"], errors="ignore").to_string())
     return 0
 
 # %% ../../nbs/analysis/03b_fp8_blocks.ipynb #897a60d1
