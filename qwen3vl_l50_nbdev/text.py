@@ -7,8 +7,6 @@ __all__ = ['TP_PLAN', 'Plan', 'tp_layer', 'RMSNorm', 'attend_each', 'Attention',
 
 # %% ../nbs/05_text.ipynb #918276bd
 import contextlib
-import inspect
-import itertools
 from typing import NamedTuple
 import torch
 import torch.nn as nn
@@ -19,6 +17,7 @@ from .dist import Group
 from .tp import STYLES, divide
 from .rope import TextRotary, apply_rotary
 from .deepstack import inject
+from .vision import varlen_flash
 
 # %% ../nbs/05_text.ipynb #cfb913f7
 class Plan(NamedTuple):
@@ -60,19 +59,6 @@ class RMSNorm(nn.Module):
         return self.weight * h.to(x.dtype)
 
 # %% ../nbs/05_text.ipynb #a61a4267
-try: from torch.nn.attention.varlen import varlen_attn   # torch >= 2.10, CUDA: packed sequences in one flash call
-except ImportError: varlen_attn = None
-
-def _varlen(q, k, v, lens: list[int], scale: float) -> torch.Tensor:
-    "Causal attention of the packed prompts `lens` of q, k, v [heads, seq, hd] in one flash call: [1, heads, seq, hd]."
-    args = inspect.signature(varlen_attn).parameters   # torch 2.10 takes is_causal, later ones a window and enable_gqa
-    kw = dict(window_size=(-1, 0)) if "window_size" in args else dict(is_causal=True)
-    if "enable_gqa" in args: kw["enable_gqa"] = q.shape[0] != k.shape[0]
-    cu = torch.tensor([0, *itertools.accumulate(lens)], dtype=torch.int32).to(q.device, non_blocking=True)
-    n = max(lens)
-    o = varlen_attn(*(t.transpose(0, 1).contiguous() for t in (q, k, v)), cu, cu, n, n, scale=scale, **kw)
-    return o.transpose(0, 1)[None]
-
 @torch.compiler.disable   # outside any compiled graph: the number of packed prompts must not specialise a layer
 def attend_each(attend, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lens, flash: bool = False,
                 scale: float | None = None) -> torch.Tensor:
@@ -82,7 +68,8 @@ def attend_each(attend, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lens,
      "builds a plan for every new length, and a packed batch's prompts are of every length).")
     lens = lens.tolist() if torch.is_tensor(lens) else list(lens)
     flash = flash and q.is_cuda and q.dtype in (torch.float16, torch.bfloat16)   # flash takes no fp32
-    if flash and varlen_attn is not None: return _varlen(q, k, v, lens, scale or q.shape[-1] ** -0.5)
+    if flash and (o := varlen_flash(*(t.transpose(0, 1) for t in (q, k, v)), lens, scale or q.shape[-1] ** -0.5,
+                                    causal=True)) is not None: return o.transpose(0, 1)[None]
     with sdpa_kernel(SDPBackend.FLASH_ATTENTION) if flash else contextlib.nullcontext():
         return torch.cat([attend(*qkv) for qkv in zip(*(t.split(lens, 1) for t in (q, k, v)))], 2)
 
