@@ -134,14 +134,15 @@ class _Runner:
 
 class TextRunner(_Runner):
     ("Runs a `TextModel` on rows padded to a multiple of `pad`: eagerly on the CPU; on CUDA replayed from a CUDA graph "
-     "per signature up to `graph_rows` rows (None: any), longer as they are; from `overlap_from` rows the "
-     "overlapped schedule (`overlap.overlapped`) with `stages`.")
+     "per signature up to `graph_rows` rows (None: any), longer as they are, and packed prompts as they are unless "
+     "`graph_packed`; from `overlap_from` rows the overlapped schedule (`overlap.overlapped`) with `stages`.")
     def __init__(self, text: nn.Module, pad: int = 1, graphs: bool = True, graph_rows: int | None = None,
-                 max_graphs: int | None = None, overlap_from: int | None = None, stages: tuple = STAGES):
+                 max_graphs: int | None = None, overlap_from: int | None = None, stages: tuple = STAGES,
+                 graph_packed: bool = True):
         # room for every graphed text length (`warmup` captures them all) and as many other signatures besides
         super().__init__(text, graphs, max_graphs or (graph_rows // pad if graph_rows else 64) + 32)
         self.text, self.pad, self.graph_rows = text, pad, graph_rows
-        self.overlap_from, self.stages = overlap_from, stages
+        self.overlap_from, self.stages, self.graph_packed = overlap_from, stages, graph_packed
 
     def rows(self, n: int) -> int:
         "The rows a call of `n` rows runs at: `pad_to(n, pad)`."
@@ -157,8 +158,8 @@ class TextRunner(_Runner):
         # the packed lengths as a tensor: compiled layers take any number of prompts without compiling again
         lens = torch.tensor(lens) if lens and len(lens) > 1 else None
         args = [h, positions, visual_idx, list(deepstack) if deepstack else None]
-        if self.eager(h) or self.graph_rows is not None and rows > self.graph_rows:
-            return self.model(*args, lens)[:n]
+        if (self.eager(h) or self.graph_rows is not None and rows > self.graph_rows
+                or lens is not None and not self.graph_packed): return self.model(*args, lens)[:n]
         key = (rows, None if visual_idx is None else visual_idx.numel(), len(deepstack or ()),
                None if lens is None else tuple(lens.tolist()))
         plain = visual_idx is None and lens is None   # a text prompt: its graph at once (`warmup` captures them all)
@@ -172,10 +173,10 @@ class TextRunner(_Runner):
 
 class VisionRunner(_Runner):
     ("Runs a `VisionModel`: eagerly (CPU), or its blocks and mergers from CUDA graphs cached per list of frame sizes "
-     "(from a size's second call).")
-    def __init__(self, vision: nn.Module, graphs: bool = True, max_graphs: int = 8):
+     "(from a size's second call); several frames as they are unless `graph_frames`.")
+    def __init__(self, vision: nn.Module, graphs: bool = True, max_graphs: int = 8, graph_frames: bool = True):
         super().__init__(vision, graphs, max_graphs)
-        self.vision = vision
+        self.vision, self.graph_frames = vision, graph_frames
 
     def __call__(self, pixel_values: torch.Tensor, grid_thw) -> tuple[torch.Tensor, list[torch.Tensor]]:
         "`vision(pixel_values, grid_thw)`: the merged tokens and the DeepStack features, tensors of their own."
@@ -183,6 +184,7 @@ class VisionRunner(_Runner):
         if self.eager(pixel_values): return v(pixel_values, grid_thw)
         x, cos, sin, lens = v.embed(pixel_values, grid_thw)
         segs = torch.tensor(lens)   # a tensor: compiled blocks take any picture size without compiling again
+        if len(lens) > 1 and not self.graph_frames: return v.encode(x, cos, sin, segs)
         merged, deep = self.replay(tuple(lens), lambda x, cos, sin: v.encode(x, cos, sin, segs), [x, cos, sin])
         return merged.clone(), [d.clone() for d in deep]
 
@@ -270,8 +272,10 @@ def runners(enc, cfg: FastConfig | None, stages: tuple = STAGES) -> tuple:
     "Step 4: the decoder's and the vision tower's runners for `cfg` (None: exact mode's)."
     if cfg is None: return TextRunner(enc.text, graph_rows=GRAPH_ROWS), VisionRunner(enc.vision)   # exact: unpadded
     over = cfg.overlap_from if enc.sums is not None and enc.sums.exchange is not None else None   # TP 2: in flight
-    return (TextRunner(enc.text, cfg.pad, cfg.graphs, cfg.graph_rows, overlap_from=over, stages=stages),
-            VisionRunner(enc.vision, cfg.graphs))
+    # packed prompts and several frames attend through one varlen flash call, whose offsets are copied from the host
+    # on every call: no graph can capture that, so such calls run as they are (with the same kernels every time)
+    return (TextRunner(enc.text, cfg.pad, cfg.graphs, cfg.graph_rows, overlap_from=over, stages=stages,
+                       graph_packed=False), VisionRunner(enc.vision, cfg.graphs, graph_frames=False))
 
 def apply_fast(enc, cfg: FastConfig | None):
     ("Fast mode `cfg` on the encoder `enc` (None: exact mode), in order: fused GEMMs, symmetric-memory sums, "
