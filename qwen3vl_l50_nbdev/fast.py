@@ -31,14 +31,15 @@ def check_mode(mode: str) -> str:
 
 FP32_MODULES = (RMSNorm, TextAttention, MLP, DecoderLayer, TextModel)   # what `fp32` switches (`text`)
 
-def set_fused_(model: nn.Module, fused: bool = True, fp32: bool = False) -> nn.Module:
+def set_fused_(model: nn.Module, fused: bool = True, fp32: bool = False, varlen_from: int = 0) -> nn.Module:
     ("Every column-parallel projection of `model` runs as one GEMM (`fused=True`) or one per split (HF's, bitwise), "
      "vision attention over equal segments as one batched call or one call each (HF's), the patch embedding as a "
-     "GEMM or HF's Conv3d, packed prompts' attention through flash attention (CUDA); `fp32`: the text model's "
-     "norms, M-RoPE and SwiGLU in fp32, and its residual stream (False: HF's roundings).")
+     "GEMM or HF's Conv3d, packed prompts' attention through flash attention (CUDA: in one varlen call from more "
+     "than `varlen_from` rows); `fp32`: the text model's norms, M-RoPE and SwiGLU in fp32, and its residual "
+     "stream (False: HF's roundings).")
     for m in model.modules():
         if isinstance(m, FP32_MODULES): m.fp32 = fp32
-        if isinstance(m, TextAttention): m.packed_flash = fused   # packed prompts: flash attention (CUDA)
+        if isinstance(m, TextAttention): m.varlen_from = varlen_from if fused else None   # packed: flash (CUDA)
         if isinstance(m, ColumnParallelLinear): m.fused = fused
         if isinstance(m, VisionAttention): m.batched = fused
         if isinstance(m, PatchEmbed): m.gemm = fused
@@ -134,15 +135,14 @@ class _Runner:
 
 class TextRunner(_Runner):
     ("Runs a `TextModel` on rows padded to a multiple of `pad`: eagerly on the CPU; on CUDA replayed from a CUDA graph "
-     "per signature up to `graph_rows` rows (None: any), longer as they are, and packed prompts as they are unless "
-     "`graph_packed`; from `overlap_from` rows the overlapped schedule (`overlap.overlapped`) with `stages`.")
+     "per signature up to `graph_rows` rows (None: any), longer as they are; from `overlap_from` rows the "
+     "overlapped schedule (`overlap.overlapped`) with `stages`.")
     def __init__(self, text: nn.Module, pad: int = 1, graphs: bool = True, graph_rows: int | None = None,
-                 max_graphs: int | None = None, overlap_from: int | None = None, stages: tuple = STAGES,
-                 graph_packed: bool = True):
+                 max_graphs: int | None = None, overlap_from: int | None = None, stages: tuple = STAGES):
         # room for every graphed text length (`warmup` captures them all) and as many other signatures besides
         super().__init__(text, graphs, max_graphs or (graph_rows // pad if graph_rows else 64) + 32)
         self.text, self.pad, self.graph_rows = text, pad, graph_rows
-        self.overlap_from, self.stages, self.graph_packed = overlap_from, stages, graph_packed
+        self.overlap_from, self.stages = overlap_from, stages
 
     def rows(self, n: int) -> int:
         "The rows a call of `n` rows runs at: `pad_to(n, pad)`."
@@ -158,8 +158,8 @@ class TextRunner(_Runner):
         # the packed lengths as a tensor: compiled layers take any number of prompts without compiling again
         lens = torch.tensor(lens) if lens and len(lens) > 1 else None
         args = [h, positions, visual_idx, list(deepstack) if deepstack else None]
-        if (self.eager(h) or self.graph_rows is not None and rows > self.graph_rows
-                or lens is not None and not self.graph_packed): return self.model(*args, lens)[:n]
+        if self.eager(h) or self.graph_rows is not None and rows > self.graph_rows:
+            return self.model(*args, lens)[:n]
         key = (rows, None if visual_idx is None else visual_idx.numel(), len(deepstack or ()),
                None if lens is None else tuple(lens.tolist()))
         plain = visual_idx is None and lens is None   # a text prompt: its graph at once (`warmup` captures them all)
@@ -272,10 +272,10 @@ def runners(enc, cfg: FastConfig | None, stages: tuple = STAGES) -> tuple:
     "Step 4: the decoder's and the vision tower's runners for `cfg` (None: exact mode's)."
     if cfg is None: return TextRunner(enc.text, graph_rows=GRAPH_ROWS), VisionRunner(enc.vision)   # exact: unpadded
     over = cfg.overlap_from if enc.sums is not None and enc.sums.exchange is not None else None   # TP 2: in flight
-    # packed prompts and several frames attend through one varlen flash call, whose offsets are copied from the host
-    # on every call: no graph can capture that, so such calls run as they are (with the same kernels every time)
-    return (TextRunner(enc.text, cfg.pad, cfg.graphs, cfg.graph_rows, overlap_from=over, stages=stages,
-                       graph_packed=False), VisionRunner(enc.vision, cfg.graphs, graph_frames=False))
+    # several frames attend through one varlen flash call, whose offsets are copied from the host on every call: no
+    # graph can capture that, so such calls run as they are (with the same kernels every time)
+    return (TextRunner(enc.text, cfg.pad, cfg.graphs, cfg.graph_rows, overlap_from=over, stages=stages),
+            VisionRunner(enc.vision, cfg.graphs, graph_frames=False))
 
 def apply_fast(enc, cfg: FastConfig | None):
     ("Fast mode `cfg` on the encoder `enc` (None: exact mode), in order: fused GEMMs, symmetric-memory sums, "
@@ -283,7 +283,9 @@ def apply_fast(enc, cfg: FastConfig | None):
     if enc.compiled and (cfg is None or not cfg.compile):
         raise ValueError("this encoder's layers are compiled (fast mode on CUDA) and stay so: build another encoder "
                          "for exact mode or a FastConfig with compile=False")
-    set_fused_(enc, cfg is not None and cfg.fused, cfg is not None and cfg.fp32)
+    # packed prompts up to graph_rows attend one flash call a prompt: a CUDA graph cannot capture a varlen call
+    on = cfg is not None
+    set_fused_(enc, on and cfg.fused, on and cfg.fp32, cfg.graph_rows if on and cfg.graphs else 0)
     enc.sums = sums_(enc, cfg)
     attach_sums_(enc.text, enc.sums)
     compiled = cfg is not None and cfg.compile

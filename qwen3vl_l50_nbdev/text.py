@@ -60,16 +60,17 @@ class RMSNorm(nn.Module):
 
 # %% ../nbs/05_text.ipynb #a61a4267
 @torch.compiler.disable   # outside any compiled graph: the number of packed prompts must not specialise a layer
-def attend_each(attend, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lens, flash: bool = False,
+def attend_each(attend, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lens, varlen_from: int | None = None,
                 scale: float | None = None) -> torch.Tensor:
-    ("`attend` of each packed prompt's rows of q, k, v [heads, seq, head_dim], concatenated; `lens` a list or tensor; "
-     "`flash` (CUDA, half types): all prompts in one call of flash attention's variable-length kernel (where torch "
-     "has it; else flash attention a prompt, which takes any length as it comes: cuDNN's, the default on Hopper, "
-     "builds a plan for every new length, and a packed batch's prompts are of every length).")
+    ("`attend` of each packed prompt's rows of q, k, v [heads, seq, head_dim], concatenated; `lens` a list or tensor. "
+     "`varlen_from` (fast mode, CUDA, half types): more rows than this attend in one `vision.varlen_flash` call, fewer "
+     "(a CUDA graph's: it cannot capture that call's host offsets) one flash call a prompt, which takes any length as "
+     "it comes (cuDNN's, Hopper's default, builds a plan for every new length).")
     lens = lens.tolist() if torch.is_tensor(lens) else list(lens)
-    flash = flash and q.is_cuda and q.dtype in (torch.float16, torch.bfloat16)   # flash takes no fp32
-    if flash and (o := varlen_flash(*(t.transpose(0, 1) for t in (q, k, v)), lens, scale or q.shape[-1] ** -0.5,
-                                    causal=True)) is not None: return o.transpose(0, 1)[None]
+    flash = varlen_from is not None and q.is_cuda and q.dtype in (torch.float16, torch.bfloat16)   # no fp32 flash
+    if flash and q.shape[1] > varlen_from and (o := varlen_flash(*(t.transpose(0, 1) for t in (q, k, v)), lens,
+                                                                scale or q.shape[-1] ** -0.5, causal=True)) is not None:
+        return o.transpose(0, 1)[None]
     with sdpa_kernel(SDPBackend.FLASH_ATTENTION) if flash else contextlib.nullcontext():
         return torch.cat([attend(*qkv) for qkv in zip(*(t.split(lens, 1) for t in (q, k, v)))], 2)
 
@@ -82,7 +83,7 @@ class Attention(nn.Module):
         g, nh, nkv, hd = group or Group.local(), cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
         divide(nkv, g.size, "num_key_value_heads")   # name the culprit before ColumnParallelLinear does
         self.head_dim, self.scale, self.gqa = hd, hd ** -0.5, nh > nkv   # HF passes enable_gqa when kv heads are shared
-        self.fp32, self.packed_flash = False, False   # fast mode's (`fast.set_fused_`)
+        self.fp32, self.varlen_from = False, None   # fast mode's (`fast.set_fused_`)
         self.qkv_proj = tp_layer("layers.{i}.self_attn.qkv_proj", cfg.hidden_size, [nh * hd, nkv * hd, nkv * hd], g,
                                  dtype=dtype, device=device)
         self.q_norm = RMSNorm(hd, cfg.rms_norm_eps, dtype, device)
@@ -107,7 +108,7 @@ class Attention(nn.Module):
         attend = lambda q, k, v: F.scaled_dot_product_attention(q[None], k[None], v[None], is_causal=True,
                                                                 scale=self.scale, enable_gqa=self.gqa)
         o = (attend(q, k, v) if lens is None or len(lens) == 1
-             else attend_each(attend, q, k, v, lens, self.packed_flash, self.scale))
+             else attend_each(attend, q, k, v, lens, self.varlen_from, self.scale))
         return o[0].transpose(0, 1).reshape(s, -1)   # (seq, heads * head_dim)
 
 # %% ../nbs/05_text.ipynb #cd831bb7
