@@ -214,15 +214,17 @@ def on_host(embs: dict, device, ready=None) -> dict:
         return {i: t.to("cpu") for i, t in embs.items()}   # each copy waits for its own stream only
 
 def write_shard(out, k: int, batch: list[Item], embs: dict, hits: set, device, marks: tuple,
-                cache: Cache | None = None) -> Path:
+                cache: Cache | None = None, write: bool = True) -> Path | None:
     ("Shard `k` of `out`: `embs` brought to the CPU (`on_host`, after the end of `marks`), each checked finite, the "
-     "encoded ones put in `cache`, written atomically with how many came from the cache and the batch's seconds.")
+     "encoded ones put in `cache`, written atomically with how many came from the cache and the batch's seconds; "
+     "`write=False` (a TP group's other ranks): only the check, so that every rank stops at a bad batch.")
     embs = on_host(embs, device, None if isinstance(marks[1], float) else marks[1])
     for it in batch:
         if not bool(torch.isfinite(embs[it.id]).all()):
             raise ValueError(f"the embedding of prompt {it.id!r} holds NaN or Inf; nothing was written for its shard. "
                              "The weights or inputs hold non-finite values, or the model overflows its dtype: "
                              "`qwen3vl-l50 check` against transformers")
+    if not write: return None
     if cache:
         for it in batch:
             if it.id not in hits: cache.put(it.hash, embs[it.id])
@@ -246,8 +248,8 @@ def encode_batches(enc: Encoder, batches: dict[int, list[Item]], inputs, mode: s
             embs, hits = run_batch(enc, batches[k], lambda it: xs[it.index], mode, cache)
             marks = (start, _mark(enc.device))
             if writing: writing.result()   # the last shard is written (or its error raised here)
-            if enc.group.rank == 0:
-                writing = writer.submit(write_shard, out, k, batches[k], embs, hits, enc.device, marks, cache)
+            writing = writer.submit(write_shard, out, k, batches[k], embs, hits, enc.device, marks, cache,
+                                    write=enc.group.rank == 0)   # the group's other ranks check, not write
         if writing: writing.result()
 
 # %% ../nbs/15_dataset.ipynb #94d31fea
