@@ -5,9 +5,9 @@
 # %% auto #0
 __all__ = ['ACT_SCHEMES', 'SCALE_DTYPES', 'BLOCK_LAYERS', 'EMBEDDINGS', 'BlockFp8', 'block_format', 'quantize_blocks',
            'dequantize_blocks', 'check_scales', 'check_scale_values', 'scale_name', 'BlockTensor',
-           'quantize_act_blocks', 'block_mm_reference', 'block_mm', 'block_kernel', 'BlockFp8ColumnParallelLinear',
-           'BlockFp8RowParallelLinear', 'block_fp8_model_', 'is_linear_weight', 'quantize_tensors',
-           'quantize_checkpoint', 'block_tiny', 'checkpoint_format']
+           'quantize_act_blocks', 'block_mm_reference', 'block_scaled_mm', 'block_mm', 'block_kernel',
+           'BlockFp8ColumnParallelLinear', 'BlockFp8RowParallelLinear', 'block_fp8_model_', 'is_linear_weight',
+           'quantize_tensors', 'quantize_checkpoint', 'block_tiny', 'checkpoint_format']
 
 # %% ../nbs/09a_fp8_blocks.ipynb #b959d2c7
 import json
@@ -155,6 +155,13 @@ def block_mm_reference(x: torch.Tensor, w: torch.Tensor, scale_inv: torch.Tensor
     return (xd @ dequantize_blocks(w, scale_inv, block).T).to(out_dtype)
 
 # %% ../nbs/09a_fp8_blocks.ipynb #8b9745a3
+def block_scaled_mm(xq: torch.Tensor, xs: torch.Tensor, w: torch.Tensor, scale_inv: torch.Tensor,
+                    out_dtype=torch.bfloat16) -> torch.Tensor:
+    ("cuBLAS's block-scaled FP8 GEMM alone (`torch._scaled_mm`): quantized activations `xq` [M, K] and their scales "
+     "`xs` [M, K/128] (`quantize_act_blocks`; M a multiple of 4) times block-FP8 `w` [N, K] and its `scale_inv`.")
+    # the activation scales outer-dim-major ([M, K/128], stride (1, M)); the weight's as stored, seen transposed
+    return torch._scaled_mm(xq, w.t(), xs.t().contiguous().t(), scale_inv.t(), out_dtype=out_dtype)
+
 def block_mm(x: torch.Tensor, w: torch.Tensor, scale_inv: torch.Tensor, block=(128, 128),
              out_dtype=torch.bfloat16) -> torch.Tensor:
     ("`x [M, K] @ (w · scale_inv)ᵀ` with `x` quantized per token and 128 columns: `torch._scaled_mm` with 1x128 and "
@@ -169,8 +176,7 @@ def block_mm(x: torch.Tensor, w: torch.Tensor, scale_inv: torch.Tensor, block=(1
         return block_mm_reference(x, w, scale_inv, block, out_dtype)
     m = x.shape[0]   # rows padded to a multiple of 4 as well: the activation scales' leading dimension is the rows
     xq, xs = quantize_act_blocks(x if m % 4 == 0 else F.pad(x, (0, 0, 0, -m % 4)), block[1])
-    # the activation scales outer-dim-major ([M, K/128], stride (1, M)); the weight's as stored, seen transposed
-    return torch._scaled_mm(xq, w.t(), xs.t().contiguous().t(), scale_inv.t(), out_dtype=out_dtype)[:m]
+    return block_scaled_mm(xq, xs, w, scale_inv, out_dtype)[:m]
 
 _SAID: set = set()
 
@@ -199,8 +205,7 @@ def _probe(device: torch.device) -> str:
     x = torch.randn(64, 512, generator=g, device=device, dtype=torch.bfloat16)
     w, s = quantize_blocks(torch.randn(512, 512, generator=g, device=device), (128, 128))
     try:
-        y = torch._scaled_mm(*(lambda q, t: (q, w.t(), t.t().contiguous().t(), s.t()))(*quantize_act_blocks(x)),
-                             out_dtype=torch.bfloat16)
+        y = block_scaled_mm(*quantize_act_blocks(x), w, s)
     except (RuntimeError, NotImplementedError): return "dequantize"
     ref = block_mm_reference(x, w, s).float()
     return "scaled_mm" if ((y.float() - ref).norm() / ref.norm()).item() < 1e-2 else "dequantize"

@@ -23,7 +23,7 @@ from ..metrics import diff_row
 from ..testing import synthetic_inputs, hf_forward
 from .speed import build_pair, fast_twin, gemm_peak, decoder_flops, eager_unless, text_case
 from .report import provenance, data_dir, write_csv
-from .timing import free_memory
+from .timing import free_memory, wall_ms
 
 # %% ../../nbs/analysis/07a_dataset_bench.ipynb #27ab9a3a
 def prompt_mix(cfg: EncoderConfig, n: int = 2000, seed: int = 0, lengths=(20, 600), patches=(256, 1024),
@@ -41,15 +41,11 @@ def prompt_mix(cfg: EncoderConfig, n: int = 2000, seed: int = 0, lengths=(20, 60
     return out
 
 # %% ../../nbs/analysis/07a_dataset_bench.ipynb #69cc5e8b
-def _sync(device):
-    if torch.device(device).type == "cuda": torch.cuda.synchronize(device)
-
 def timed(fn, xs: list[dict], device, warm: int = 8) -> tuple[float, list]:
     "`fn(xs[:warm])` (compilation, graphs), then the seconds of `fn(xs)` between syncs, and its outputs."
-    fn(xs[:warm]); _sync(device)
-    t = time.perf_counter()
-    out = fn(xs); _sync(device)
-    return time.perf_counter() - t, out
+    fn(xs[:warm])
+    out, ms = wall_ms(lambda: fn(xs), torch.device(device).type == "cuda")
+    return ms / 1e3, out
 
 def one_at_a_time(enc):
     return lambda xs: [enc.encode(**x) for x in xs]
