@@ -5,9 +5,10 @@
 # %% auto #0
 __all__ = ['ACT_SCHEMES', 'SCALE_DTYPES', 'BLOCK_LAYERS', 'EMBEDDINGS', 'BlockFp8', 'block_format', 'quantize_blocks',
            'dequantize_blocks', 'check_scales', 'check_scale_values', 'scale_name', 'BlockTensor',
-           'quantize_act_blocks', 'block_mm_reference', 'block_scaled_mm', 'block_mm', 'block_kernel',
-           'BlockFp8ColumnParallelLinear', 'BlockFp8RowParallelLinear', 'block_fp8_model_', 'is_linear_weight',
-           'quantize_tensors', 'quantize_checkpoint', 'block_tiny', 'checkpoint_format']
+           'quantize_act_blocks', 'block_mm_reference', 'quantize_act_fused', 'block_scaled_mm', 'block_mm',
+           'block_kernel', 'act_quant_kernel', 'BlockFp8ColumnParallelLinear', 'BlockFp8RowParallelLinear',
+           'block_fp8_model_', 'is_linear_weight', 'quantize_tensors', 'quantize_checkpoint', 'block_tiny',
+           'checkpoint_format']
 
 # %% ../nbs/09a_fp8_blocks.ipynb #b959d2c7
 import json
@@ -154,12 +155,47 @@ def block_mm_reference(x: torch.Tensor, w: torch.Tensor, scale_inv: torch.Tensor
     xd = (xq.float().reshape(x.shape[0], -1, block[1]) * xs[..., None]).reshape(x.shape)
     return (xd @ dequantize_blocks(w, scale_inv, block).T).to(out_dtype)
 
+# %% ../nbs/09a_fp8_blocks.ipynb #969c0738
+try:   # comes with torch's CUDA wheels; the CPU wheel has none
+    import triton
+    import triton.language as tl
+except ImportError: triton = None
+
+if triton is not None:
+    @triton.jit
+    def _act_quant_kernel(x_ptr, q_ptr, s_ptr, M, K, NG: tl.constexpr, G: tl.constexpr, QMAX: tl.constexpr):
+        # row m, groups c*NG .. c*NG+NG-1 of G columns: amax, scale, quantize; scales stored outer-dim-major (s[g*M+m])
+        m, c = tl.program_id(0), tl.program_id(1)
+        g = c * NG + tl.arange(0, NG)
+        ok = g < K // G
+        cols = g[:, None] * G + tl.arange(0, G)[None, :]
+        x = tl.load(x_ptr + m * K + cols, mask=ok[:, None], other=0.0).to(tl.float32)
+        s = tl.div_rn(tl.maximum(tl.max(tl.abs(x), 1), 1e-12), QMAX)   # IEEE divisions: the reference's bits
+        tl.store(q_ptr + m * K + cols, tl.div_rn(x, s[:, None]).to(q_ptr.dtype.element_ty), mask=ok[:, None])
+        tl.store(s_ptr + g * M + m, s, mask=ok)
+
+    @torch.library.triton_op("qwen3vl_l50::quantize_act_blocks", mutates_args=())
+    def _quantize_act_triton(x: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+        M, K = x.shape
+        q = torch.empty(M, K, dtype=FP8, device=x.device)
+        s = torch.empty_strided((M, K // k), (1, M), dtype=torch.float32, device=x.device)
+        torch.library.wrap_triton(_act_quant_kernel)[(M, triton.cdiv(K // k, 8))](x, q, s, M, K, 8, k, FP8_MAX)
+        return q, s
+
+def quantize_act_fused(x: torch.Tensor, k: int = 128) -> tuple[torch.Tensor, torch.Tensor]:
+    ("`quantize_act_blocks`'s bits in one pass over `x` (a Triton kernel, CUDA), the scales written outer-dim-major "
+     "as cuBLAS's block-scaled GEMM takes them; elsewhere `quantize_act_blocks` itself.")
+    if triton is None or not x.is_cuda: return quantize_act_blocks(x, k)
+    if x.shape[1] % k: raise ValueError(f"{x.shape[1]} columns are not whole groups of {k}")
+    return torch.ops.qwen3vl_l50.quantize_act_blocks(x.contiguous(), k)
+
 # %% ../nbs/09a_fp8_blocks.ipynb #8b9745a3
 def block_scaled_mm(xq: torch.Tensor, xs: torch.Tensor, w: torch.Tensor, scale_inv: torch.Tensor,
                     out_dtype=torch.bfloat16) -> torch.Tensor:
     ("cuBLAS's block-scaled FP8 GEMM alone (`torch._scaled_mm`): quantized activations `xq` [M, K] and their scales "
      "`xs` [M, K/128] (`quantize_act_blocks`; M a multiple of 4) times block-FP8 `w` [N, K] and its `scale_inv`.")
-    # the activation scales outer-dim-major ([M, K/128], stride (1, M)); the weight's as stored, seen transposed
+    # the activation scales outer-dim-major ([M, K/128], stride (1, M): a copy unless `quantize_act_fused` wrote them
+    # so); the weight's as stored, seen transposed
     return torch._scaled_mm(xq, w.t(), xs.t().contiguous().t(), scale_inv.t(), out_dtype=out_dtype)
 
 def block_mm(x: torch.Tensor, w: torch.Tensor, scale_inv: torch.Tensor, block=(128, 128),
@@ -175,7 +211,8 @@ def block_mm(x: torch.Tensor, w: torch.Tensor, scale_inv: torch.Tensor, block=(1
                   "runs `block_mm_reference` (fp32, slow); a TP size of 1 or 2 keeps every 32B shape on the kernel")
         return block_mm_reference(x, w, scale_inv, block, out_dtype)
     m = x.shape[0]   # rows padded to a multiple of 4 as well: the activation scales' leading dimension is the rows
-    xq, xs = quantize_act_blocks(x if m % 4 == 0 else F.pad(x, (0, 0, 0, -m % 4)), block[1])
+    quant = quantize_act_fused if _FUSED[x.device] else quantize_act_blocks   # the same bits (probed)
+    xq, xs = quant(x if m % 4 == 0 else F.pad(x, (0, 0, 0, -m % 4)), block[1])
     return block_scaled_mm(xq, xs, w, scale_inv, out_dtype)[:m]
 
 _SAID: set = set()
@@ -185,18 +222,25 @@ def _say_once(msg: str):
     if msg not in _SAID: _SAID.add(msg); logging.getLogger(__name__).warning(msg)
 
 _KERNELS: dict = {}   # device -> "scaled_mm" | "dequantize": what `block_kernel` found, probed once per device
+_FUSED: dict = {}     # device -> does `quantize_act_fused` run there with `quantize_act_blocks`' bits (probed with it)
 
 def block_kernel(device) -> str:
     ("How block-FP8 layers compute on `device`: 'scaled_mm' where `torch._scaled_mm` takes 1x128 x 128x128 block "
-     "scales and agrees with `block_mm_reference` (probed once), else 'dequantize' (bf16 weights, said once).")
+     "scales and agrees with `block_mm_reference` (probed once, with `quantize_act_fused`'s bits), else 'dequantize' "
+     "(bf16 weights, said once).")
     device = torch.device(device)
     if device not in _KERNELS:
-        _KERNELS[device] = _probe(device)
+        _KERNELS[device], _FUSED[device] = _probe(device), _probe_fused(device)
         if _KERNELS[device] == "dequantize":
             logging.getLogger(__name__).warning(
                 f"block-FP8 checkpoint on {device}: no block-scaled FP8 GEMM here (CPU, pre-Hopper GPU or cuBLAS < "
                 "12.9): the FP8 weights are dequantized to bf16 on load (the bf16 model's memory and speed)")
     return _KERNELS[device]
+
+def act_quant_kernel(device) -> str:
+    "How block-FP8 layers quantize their activations on `device`: 'triton' (`quantize_act_fused`) or 'torch'."
+    block_kernel(device)
+    return "triton" if _FUSED[torch.device(device)] else "torch"
 
 def _probe(device: torch.device) -> str:
     if device.type != "cuda" or torch.cuda.get_device_capability(device) < (9, 0): return "dequantize"
@@ -209,6 +253,20 @@ def _probe(device: torch.device) -> str:
     except (RuntimeError, NotImplementedError): return "dequantize"
     ref = block_mm_reference(x, w, s).float()
     return "scaled_mm" if ((y.float() - ref).norm() / ref.norm()).item() < 1e-2 else "dequantize"
+
+def _probe_fused(device: torch.device) -> bool:
+    "Does `quantize_act_fused` give `quantize_act_blocks`' bits on `device` (an all-zero group and odd rows included)?"
+    if device.type != "cuda" or triton is None: return False
+    x = torch.randn(6, 1280, generator=torch.Generator(device).manual_seed(1), device=device, dtype=torch.bfloat16) * 4
+    x[1, 128:256] = 0
+    try: (q, s), (rq, rs) = quantize_act_fused(x), quantize_act_blocks(x)
+    except Exception as e:   # a Triton build fails in many ways: each means "use torch's"
+        _say_once(f"block-FP8 activations: the fused Triton quantization failed on {device} ({e!r}): torch's is used")
+        return False
+    if not (same := torch.equal(q.view(torch.uint8), rq.view(torch.uint8)) and torch.equal(s, rs)):
+        _say_once(f"block-FP8 activations: the fused Triton quantization differs from torch's on {device}: torch's "
+                  "is used")
+    return same
 
 # %% ../nbs/09a_fp8_blocks.ipynb #77a305fb
 def _whole_blocks(what: str, n: int, b: int, lin: nn.Module, dim: str):

@@ -21,7 +21,7 @@ from ..encoder import Encoder
 from ..fast import FastConfig
 from ..fp8 import quantize_weight, quantize_act, scaled_mm, fp8_linear
 from ..fp8_blocks import (BlockFp8, quantize_tensors, block_tiny, block_kernel, quantize_blocks,
-                                         quantize_act_blocks, block_mm, block_scaled_mm)
+                                         act_quant_kernel, quantize_act_blocks, block_mm, block_scaled_mm)
 from ..metrics import diff_row
 from ..provenance import provenance
 from ..testing import hf_shapes
@@ -95,7 +95,7 @@ def bench_blocks(cfg: EncoderConfig, workdir, seqs=(128, 512, 2048), device="cpu
             d = diff_row(enc.encode(i, output_device=dev), ref[s])
             rows.append(dict(variant=v, seq=s, load_s=load_s, write_s=write_s.get(ck), weight_gib=gib, ms=ms,
                              rel_l2_vs_bf16=d["rel_l2"], cosine_vs_bf16=d["cosine"], max_abs_vs_bf16=d["max_abs"],
-                             kernel=block_kernel(dev) if v == "fp8-blocks" else "",
+                             kernel=f"{block_kernel(dev)}+{act_quant_kernel(dev)}" if v == "fp8-blocks" else "",
                              disk_gib=sum(f.stat().st_size for f in dirs[ck].glob("*.safetensors")) / 2 ** 30))
         del enc; gc.collect()
         if cuda: torch.cuda.empty_cache()
@@ -116,7 +116,8 @@ def gemm_shapes(cfg: EncoderConfig) -> dict[str, tuple[int, int]]:
 def bench_gemms(cfg: EncoderConfig, seqs=(128, 512, 2048), device="cuda", iters: int = 20) -> pd.DataFrame:
     ("The limit under block FP8's speed: each decoder GEMM's ms as rowwise FP8 (online FP8's, per-token x per-channel "
      "scales) and as block FP8 (1x128 x 128x128 scales), the kernel alone (operands quantized before) and with the "
-     "activations' quantization (eager, uncompiled); a row per length and GEMM, and their sum (`all`).")
+     "activations' quantization (eager, uncompiled): `block_mm`'s (fused where it runs) and torch's ops "
+     "(`block_torch_quant_ms`); a row per length and GEMM, and their sum (`all`).")
     dev, rows = torch.device(device), []
     for (name, (K, N)), s in product(gemm_shapes(cfg).items(), seqs):
         x, w = torch.randn(s, K, device=dev, dtype=torch.bfloat16), torch.randn(N, K, device=dev) / K ** 0.5
@@ -129,7 +130,9 @@ def bench_gemms(cfg: EncoderConfig, seqs=(128, 512, 2048), device="cuda", iters:
                          rowwise_kernel_ms=_ms(lambda: scaled_mm(xq, xs, wq, ws), True, iters, 3),
                          block_kernel_ms=_ms(lambda: block_scaled_mm(aq, as_, bq, bs), True, iters, 3),
                          rowwise_ms=_ms(lambda: fp8_linear(x, wq, ws), True, iters, 3),
-                         block_ms=_ms(lambda: block_mm(x, bq, bs), True, iters, 3)))
+                         block_ms=_ms(lambda: block_mm(x, bq, bs), True, iters, 3),
+                         block_torch_quant_ms=_ms(lambda: block_scaled_mm(*quantize_act_blocks(x), bq, bs), True,
+                                                  iters, 3)))
     df = pd.DataFrame(rows)
     df = pd.concat([df, df.groupby("seq", as_index=False).sum(numeric_only=True).assign(gemm="all", K=0, N=0)])
     return df.assign(kernel_ratio=df.block_kernel_ms / df.rowwise_kernel_ms, ratio=df.block_ms / df.rowwise_ms)
