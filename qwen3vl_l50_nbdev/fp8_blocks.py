@@ -142,10 +142,13 @@ class BlockTensor:
 # %% ../nbs/09a_fp8_blocks.ipynb #38391a3d
 def quantize_act_blocks(x: torch.Tensor, k: int = 128) -> tuple[torch.Tensor, torch.Tensor]:
     ("Dynamic activation quantization per token and `k` columns: `(x_fp8 [M, K], scale [M, K/k] fp32)`, "
-     "`scale = amax / 448` of each group (transformers' `act_quant`); K must be a multiple of `k`.")
+     "`scale = amax · (1/448)` of each group (transformers' `act_quant`, up to that rounding); K must be a multiple "
+     "of `k`.")
     M, K = x.shape
     g = x.float().reshape(M, K // k, k)
-    s = g.abs().amax(-1).clamp(min=1e-12) / FP8_MAX     # an all-zero group gets a tiny scale and stays zero
+    # an all-zero group gets a tiny scale and stays zero; times the reciprocal: CUDA divides by a scalar so, the CPU
+    # would not (the same bits on both)
+    s = g.abs().amax(-1).clamp(min=1e-12) * (1 / FP8_MAX)
     return (g / s[..., None]).to(FP8).reshape(M, K), s
 
 def block_mm_reference(x: torch.Tensor, w: torch.Tensor, scale_inv: torch.Tensor, block=(128, 128),
@@ -163,14 +166,14 @@ except ImportError: triton = None
 
 if triton is not None:
     @triton.jit
-    def _act_quant_kernel(x_ptr, q_ptr, s_ptr, M, K, NG: tl.constexpr, G: tl.constexpr, QMAX: tl.constexpr):
+    def _act_quant_kernel(x_ptr, q_ptr, s_ptr, M, K, QINV, NG: tl.constexpr, G: tl.constexpr):
         # row m, groups c*NG .. c*NG+NG-1 of G columns: amax, scale, quantize; scales stored outer-dim-major (s[g*M+m])
         m, c = tl.program_id(0), tl.program_id(1)
         g = c * NG + tl.arange(0, NG)
         ok = g < K // G
         cols = g[:, None] * G + tl.arange(0, G)[None, :]
         x = tl.load(x_ptr + m * K + cols, mask=ok[:, None], other=0.0).to(tl.float32)
-        s = tl.div_rn(tl.maximum(tl.max(tl.abs(x), 1), 1e-12), QMAX)   # IEEE divisions: the reference's bits
+        s = tl.maximum(tl.max(tl.abs(x), 1), 1e-12) * QINV   # as the reference: times 1/448, then an IEEE division
         tl.store(q_ptr + m * K + cols, tl.div_rn(x, s[:, None]).to(q_ptr.dtype.element_ty), mask=ok[:, None])
         tl.store(s_ptr + g * M + m, s, mask=ok)
 
@@ -179,7 +182,7 @@ if triton is not None:
         M, K = x.shape
         q = torch.empty(M, K, dtype=FP8, device=x.device)
         s = torch.empty_strided((M, K // k), (1, M), dtype=torch.float32, device=x.device)
-        torch.library.wrap_triton(_act_quant_kernel)[(M, triton.cdiv(K // k, 8))](x, q, s, M, K, 8, k, FP8_MAX)
+        torch.library.wrap_triton(_act_quant_kernel)[(M, triton.cdiv(K // k, 8))](x, q, s, M, K, 1 / FP8_MAX, 8, k)
         return q, s
 
 def quantize_act_fused(x: torch.Tensor, k: int = 128) -> tuple[torch.Tensor, torch.Tensor]:
@@ -224,11 +227,16 @@ def _say_once(msg: str):
 _KERNELS: dict = {}   # device -> "scaled_mm" | "dequantize": what `block_kernel` found, probed once per device
 _FUSED: dict = {}     # device -> does `quantize_act_fused` run there with `quantize_act_blocks`' bits (probed with it)
 
+def _key(device) -> torch.device:
+    "One key a device: 'cuda' and what its tensors say, 'cuda:0', are one (else compiled code would probe again)."
+    d = torch.device(device)
+    return torch.device("cuda", torch.cuda.current_device()) if d.type == "cuda" and d.index is None else d
+
 def block_kernel(device) -> str:
     ("How block-FP8 layers compute on `device`: 'scaled_mm' where `torch._scaled_mm` takes 1x128 x 128x128 block "
      "scales and agrees with `block_mm_reference` (probed once, with `quantize_act_fused`'s bits), else 'dequantize' "
      "(bf16 weights, said once).")
-    device = torch.device(device)
+    device = _key(device)
     if device not in _KERNELS:
         _KERNELS[device], _FUSED[device] = _probe(device), _probe_fused(device)
         if _KERNELS[device] == "dequantize":
@@ -240,7 +248,7 @@ def block_kernel(device) -> str:
 def act_quant_kernel(device) -> str:
     "How block-FP8 layers quantize their activations on `device`: 'triton' (`quantize_act_fused`) or 'torch'."
     block_kernel(device)
-    return "triton" if _FUSED[torch.device(device)] else "torch"
+    return "triton" if _FUSED[_key(device)] else "torch"
 
 def _probe(device: torch.device) -> str:
     if device.type != "cuda" or torch.cuda.get_device_capability(device) < (9, 0): return "dequantize"
