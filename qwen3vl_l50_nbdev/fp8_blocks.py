@@ -166,14 +166,14 @@ except ImportError: triton = None
 
 if triton is not None:
     @triton.jit
-    def _act_quant_kernel(x_ptr, q_ptr, s_ptr, M, K, QINV, NG: tl.constexpr, G: tl.constexpr):
+    def _act_quant_kernel(x_ptr, q_ptr, s_ptr, M, K, QINV: tl.constexpr, NG: tl.constexpr, G: tl.constexpr):
         # row m, groups c*NG .. c*NG+NG-1 of G columns: amax, scale, quantize; scales stored outer-dim-major (s[g*M+m])
         m, c = tl.program_id(0), tl.program_id(1)
         g = c * NG + tl.arange(0, NG)
         ok = g < K // G
         cols = g[:, None] * G + tl.arange(0, G)[None, :]
         x = tl.load(x_ptr + m * K + cols, mask=ok[:, None], other=0.0).to(tl.float32)
-        s = tl.maximum(tl.max(tl.abs(x), 1), 1e-12) * QINV   # as the reference: times 1/448, then an IEEE division
+        s = tl.maximum(tl.max(tl.abs(x), 1), 1e-12) * QINV   # as the reference: times 1/448 (fp32), an IEEE division
         tl.store(q_ptr + m * K + cols, tl.div_rn(x, s[:, None]).to(q_ptr.dtype.element_ty), mask=ok[:, None])
         tl.store(s_ptr + g * M + m, s, mask=ok)
 
