@@ -26,7 +26,7 @@ from ..metrics import diff_row
 from ..provenance import provenance
 from ..testing import hf_shapes
 from .weights import _full_random
-from .timing import cuda_ms, wall_ms
+from .timing import cuda_ms, wall_ms, sync
 from .report import write_csv, data_dir
 
 # %% ../../nbs/analysis/03b_fp8_blocks.ipynb #00bb0dc8
@@ -67,9 +67,10 @@ def _ms(fn, cuda: bool, iters: int, warmup: int) -> float:
 
 # %% ../../nbs/analysis/03b_fp8_blocks.ipynb #de3201ec
 def bench_blocks(cfg: EncoderConfig, workdir, seqs=(128, 512, 2048), device="cpu", mode="fast", iters: int = 10,
-                 warmup: int = 3, seed: int = 0, variants=tuple(VARIANTS)) -> pd.DataFrame:
-    ("One row per variant and length: load s, weight GiB, ms per prompt (`mode`), error of the layer-N state against "
-     "the bf16 checkpoint's (exact mode); checkpoints written under `workdir`.")
+                 warmup: int = 3, seed: int = 0, variants=tuple(VARIANTS), rounds: int = 5) -> pd.DataFrame:
+    ("One row per variant and length: load s and its peak GiB, weight GiB, ms per prompt (`mode`; every variant "
+     "loaded, then timed in turn, `rounds` times: the median), error of the layer-N state against the bf16 "
+     "checkpoint's (exact mode); checkpoints written under `workdir`.")
     dev, cuda, wd = torch.device(device), torch.device(device).type == "cuda", Path(workdir)
     t = time.perf_counter(); dirs = dict(bf16=write_checkpoint(wd / "bf16", cfg, None, seed, dev))
     write_s = dict(bf16=time.perf_counter() - t)
@@ -81,25 +82,29 @@ def bench_blocks(cfg: EncoderConfig, workdir, seqs=(128, 512, 2048), device="cpu
     ref_enc = Encoder.from_pretrained(dirs["bf16"], n, device=dev, progress=False)
     ref = {s: ref_enc.encode(i, output_device=dev) for s, i in ids.items()}
     del ref_enc; gc.collect()
-    rows = []
-    for v in variants:
+    encs, rows = {}, {}
+    for v in variants:   # all loaded at once: timed in turn, none measured in a quieter minute than another
         ck, kw = VARIANTS[v]
-        if cuda: torch.cuda.synchronize(dev)
+        sync(cuda)
+        if cuda: torch.cuda.reset_peak_memory_stats(dev); base = torch.cuda.memory_allocated(dev)
         t = time.perf_counter()   # the load alone: fast mode's warm-up is left to the timed calls' own
-        enc = Encoder.from_pretrained(dirs[ck], n, device=dev, mode=mode, progress=False,
-                                      fast=FastConfig(warmup=False), **kw)
-        if cuda: torch.cuda.synchronize(dev)
-        load_s, gib = time.perf_counter() - t, _weights_gib(enc)
+        encs[v] = enc = Encoder.from_pretrained(dirs[ck], n, device=dev, mode=mode, progress=False,
+                                                fast=FastConfig(warmup=False), **kw)
+        sync(cuda)
+        load = dict(load_s=time.perf_counter() - t, write_s=write_s.get(ck), weight_gib=_weights_gib(enc),
+                    load_peak_gib=(torch.cuda.max_memory_allocated(dev) - base) / 2 ** 30 if cuda else float("nan"),
+                    disk_gib=sum(f.stat().st_size for f in dirs[ck].glob("*.safetensors")) / 2 ** 30,
+                    kernel=f"{block_kernel(dev)}+{act_quant_kernel(dev)}" if v == "fp8-blocks" else "")
         for s, i in ids.items():
-            ms = _ms(lambda: enc.encode(i, output_device=dev), cuda, iters, warmup)   # noqa: F821 (ruff#22452: `del enc`)
             d = diff_row(enc.encode(i, output_device=dev), ref[s])
-            rows.append(dict(variant=v, seq=s, load_s=load_s, write_s=write_s.get(ck), weight_gib=gib, ms=ms,
-                             rel_l2_vs_bf16=d["rel_l2"], cosine_vs_bf16=d["cosine"], max_abs_vs_bf16=d["max_abs"],
-                             kernel=f"{block_kernel(dev)}+{act_quant_kernel(dev)}" if v == "fp8-blocks" else "",
-                             disk_gib=sum(f.stat().st_size for f in dirs[ck].glob("*.safetensors")) / 2 ** 30))
-        del enc; gc.collect()
-        if cuda: torch.cuda.empty_cache()
-    df = pd.DataFrame(rows)
+            rows[v, s] = dict(variant=v, seq=s, **load, ms=[], rel_l2_vs_bf16=d["rel_l2"], cosine_vs_bf16=d["cosine"],
+                              max_abs_vs_bf16=d["max_abs"])
+    for _ in range(rounds):
+        for (v, s), row in rows.items():
+            row["ms"].append(_ms(lambda: encs[v].encode(ids[s], output_device=dev), cuda, iters, warmup))
+    df = pd.DataFrame(rows.values()).assign(ms=lambda d: d.ms.map(lambda t: sorted(t)[len(t) // 2]))
+    encs.clear(); del enc; gc.collect()   # the models freed
+    if cuda: torch.cuda.empty_cache()
     base = lambda v, col: df[df.variant == v].set_index("seq")[col]
     df["weight_vs_bf16"] = df.weight_gib / df.variant.map(lambda _: base("bf16", "weight_gib").iloc[0])
     df["ms_vs_fp8_channel"] = df.ms / df.seq.map(base("fp8-channel", "ms")) if "fp8-channel" in variants else None
