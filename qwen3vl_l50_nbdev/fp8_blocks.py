@@ -188,8 +188,9 @@ if triton is not None:
 def quantize_act_fused(x: torch.Tensor, k: int = 128) -> tuple[torch.Tensor, torch.Tensor]:
     ("`quantize_act_blocks`'s bits in one pass over `x` (a Triton kernel, CUDA), the scales written outer-dim-major "
      "as cuBLAS's block-scaled GEMM takes them; elsewhere `quantize_act_blocks` itself.")
+    if x.ndim != 2 or x.shape[1] % k:
+        raise ValueError(f"activations of shape {list(x.shape)}: need [rows, columns] with columns a multiple of {k}")
     if triton is None or not x.is_cuda: return quantize_act_blocks(x, k)
-    if x.shape[1] % k: raise ValueError(f"{x.shape[1]} columns are not whole groups of {k}")
     return torch.ops.qwen3vl_l50.quantize_act_blocks(x.contiguous(), k)
 
 # %% ../nbs/09a_fp8_blocks.ipynb #8b9745a3

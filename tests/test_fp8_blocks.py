@@ -9,7 +9,8 @@ from qwen3vl_l50_nbdev.dist import spawn
 from qwen3vl_l50_nbdev.encoder import Encoder
 from qwen3vl_l50_nbdev.fp8_blocks import (FP8, BlockFp8, BlockTensor, block_tiny, block_mm_reference, quantize_blocks,
                                           scale_name, dequantize_blocks, quantize_checkpoint, quantize_act_blocks,
-                                          BlockFp8ColumnParallelLinear, BlockFp8RowParallelLinear)
+                                          BlockFp8ColumnParallelLinear, BlockFp8RowParallelLinear, quantize_act_fused,
+                                          act_quant_kernel)
 from qwen3vl_l50_nbdev.metrics import diff_row
 from qwen3vl_l50_nbdev.testing import (make_tiny_checkpoint, synthetic_inputs, broken_checkpoint, edit_config,
                                        fake_group, encode_on_ranks)
@@ -107,6 +108,14 @@ def test_act_quantization_per_group():
     q, s = quantize_act_blocks(x)
     assert s.shape == (3, 2) and torch.allclose(s[0, 1], x[0, 128:].abs().max() / 448)
     assert diff_row(block_mm_reference(x, *quantize_blocks(torch.eye(256))), x)["rel_l2"] < 0.05
+
+def test_fused_quantization_off_cuda_is_the_reference_and_names_bad_shapes():
+    x = torch.randn(5, 384) * torch.rand(5, 1) * 30
+    (q, s), (rq, rs) = quantize_act_fused(x), quantize_act_blocks(x)
+    assert torch.equal(q.view(torch.uint8), rq.view(torch.uint8)) and torch.equal(s, rs)
+    assert act_quant_kernel("cpu") == "torch"
+    for bad in (torch.randn(5, 200), torch.randn(2, 5, 384)):
+        with pytest.raises(ValueError, match="columns a multiple of 128"): quantize_act_fused(bad)
 
 def _edit(fn):
     def edit(d):
