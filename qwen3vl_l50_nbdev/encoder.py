@@ -13,7 +13,7 @@ import torch.nn as nn
 from fastcore.basics import patch
 from .config import EncoderConfig
 from .dist import Group, encoder_group
-from .tp import check_reduce
+from .tp import check_reduce, projections_on_meta
 from .vision import VisionModel, check_pixels
 from .text import TextModel
 from .rope import rope_index, mm_token_types
@@ -222,9 +222,12 @@ def from_pretrained(cls: Encoder, path, selected_layer: int = 50, dtype=torch.bf
     if not group.is_member: return NotMember(group, cfg)
     if device is None:
         device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else "cpu"
-    enc = cls(cfg, group, reduce, dtype, "cpu" if offload else device, mode, fast)   # offloaded: into host memory
-    if blocks and block_kernel(device) == "scaled_mm":   # else its weights are dequantized to `dtype` as they load
-        block_fp8_model_(enc.text, blocks.block, {k for k, e in check_checkpoint(path, enc).items() if e.scale})
+    fp8_gemms = blocks is not None and block_kernel(device) == "scaled_mm"   # else dequantized to `dtype` on load
+    with projections_on_meta() if fp8_gemms else contextlib.nullcontext():   # never a bf16 copy of FP8 projections
+        enc = cls(cfg, group, reduce, dtype, "cpu" if offload else device, mode, fast)   # offloaded: into host memory
+    if fp8_gemms:
+        fp8 = {k for k, e in check_checkpoint(path, enc).items() if e.scale}
+        block_fp8_model_(enc.text, blocks.block, fp8, device=enc.device)
     enc.load_stats = load_checkpoint(enc, path, progress=group.rank == 0 if progress is None else progress,
                                      group=group)
     # online FP8: the decoder projections only

@@ -12,6 +12,7 @@ __all__ = ['ACT_SCHEMES', 'SCALE_DTYPES', 'BLOCK_LAYERS', 'EMBEDDINGS', 'BlockFp
 
 # %% ../nbs/09a_fp8_blocks.ipynb #b959d2c7
 import json
+from itertools import chain
 import logging
 import re
 import shutil
@@ -345,9 +346,11 @@ class BlockFp8RowParallelLinear(RowSum, nn.Module):
 # %% ../nbs/09a_fp8_blocks.ipynb #8fbd7eb6
 BLOCK_LAYERS = {"column": BlockFp8ColumnParallelLinear, "row": BlockFp8RowParallelLinear}
 
-def block_fp8_model_(model: nn.Module, block, fp8: set, prefix: str = "model.language_model.") -> nn.Module:
+def block_fp8_model_(model: nn.Module, block, fp8: set, prefix: str = "model.language_model.",
+                     device=None) -> nn.Module:
     ("Replace, in place, each decoder projection of `text.TP_PLAN` in `model` whose checkpoint weights are all in "
-     "`fp8` (HF names; `prefix`: the text model's) by its empty block-FP8 layer, for the loader to fill; returns it.")
+     "`fp8` (HF names; `prefix`: the text model's) by its empty block-FP8 layer, for the loader to fill; returns it. "
+     "Projections built on the meta device (`tp.projections_on_meta`) end on `device`, FP8 or (not converted) bf16.")
     layers = [m for m in model.modules() if isinstance(m, DecoderLayer)]
     if not layers: raise ValueError(f"{type(model).__name__} has no text.DecoderLayer: nothing to convert")
     for i, layer in enumerate(layers):
@@ -355,6 +358,10 @@ def block_fp8_model_(model: nn.Module, block, fp8: set, prefix: str = "model.lan
             parent, _, leaf = name.rpartition(".")
             if all(f"{prefix}layers.{i}.{parent}.{s}.weight" in fp8 for s in plan.sources):   # else: bf16, dequantized
                 setattr(layer.get_submodule(parent), leaf, BLOCK_LAYERS[plan.style](layer.get_submodule(name), block))
+    for m in model.modules():   # a module built on meta holds nothing else: all its tensors move, unwritten
+        if any(t.is_meta for t in chain(m.parameters(recurse=False), m.buffers(recurse=False))):
+            if device is None: raise ValueError("projections built on the meta device: pass the device they go to")
+            m.to_empty(device=device, recurse=False)
     return model
 
 # %% ../nbs/09a_fp8_blocks.ipynb #acfe16a3

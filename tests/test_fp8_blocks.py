@@ -14,7 +14,7 @@ from qwen3vl_l50_nbdev.fp8_blocks import (FP8, BlockFp8, BlockTensor, block_tiny
 from qwen3vl_l50_nbdev.metrics import diff_row
 from qwen3vl_l50_nbdev.testing import (make_tiny_checkpoint, synthetic_inputs, broken_checkpoint, edit_config,
                                        fake_group, encode_on_ranks)
-from qwen3vl_l50_nbdev.tp import ColumnParallelLinear, RowParallelLinear
+from qwen3vl_l50_nbdev.tp import ColumnParallelLinear, RowParallelLinear, projections_on_meta
 
 CFG = block_tiny(3)
 
@@ -230,14 +230,34 @@ def test_validate_block_fp8_checkpoint(real_vocab_fp8, tmp_path, capsys):
     assert "--quant fp8: " in capsys.readouterr().err   # FP8 already: refused before a weight is read
 
 
-def _block_encoder(path, group=None):
-    "An encoder holding block-FP8 layers (what a Hopper GPU loads) on the CPU: their GEMMs emulated in fp32."
+def _block_encoder(path, group=None, cfg=CFG):
+    ("An encoder holding block-FP8 layers on the CPU, built as `from_pretrained` builds one on a Hopper GPU (its "
+     "projections on meta, then FP8 or bf16 where they run): their GEMMs emulated in fp32.")
     from qwen3vl_l50_nbdev.fp8_blocks import block_fp8_model_
     from qwen3vl_l50_nbdev.loading import check_checkpoint, load_checkpoint
-    enc = Encoder(CFG, group)
-    block_fp8_model_(enc.text, (128, 128), {k for k, e in check_checkpoint(path, enc).items() if e.scale})
+    with projections_on_meta(): enc = Encoder(cfg, group)
+    block_fp8_model_(enc.text, (128, 128), {k for k, e in check_checkpoint(path, enc).items() if e.scale}, device="cpu")
     load_checkpoint(enc, path, progress=False)
     return enc
+
+def test_block_layers_built_without_bf16_projections(ckpts, tmp_path, inputs):
+    "No bf16 copy of a projection is ever made; the ones a checkpoint keeps bf16 are built on the device and loaded."
+    from qwen3vl_l50_nbdev.fp8_blocks import block_fp8_model_
+    with projections_on_meta(): enc = Encoder(CFG)
+    projections = [m for m in enc.text.modules() if isinstance(m, (ColumnParallelLinear, RowParallelLinear))]
+    assert len(projections) == 4 * 3 and all(m.weight.is_meta for m in projections)   # 4 a layer, 3 layers
+    assert not enc.vision.blocks[0].attn.qkv.weight.is_meta and not enc.text.embed_tokens.weight.is_meta
+    with pytest.raises(ValueError, match="pass the device"): block_fp8_model_(enc.text, (128, 128), set())
+    d = quantize_checkpoint(ckpts[0], tmp_path / "skip", BlockFp8(not_converted=("lm_head", "mlp.down_proj")))
+    enc = _block_encoder(d)
+    assert not any(t.is_meta for t in (*enc.parameters(), *enc.buffers()))
+    down, up = enc.text.layers[0].mlp.down_proj, enc.text.layers[0].mlp.gate_up_proj
+    assert type(down) is RowParallelLinear and down.weight.dtype == torch.bfloat16
+    assert isinstance(up, BlockFp8ColumnParallelLinear)
+    sd = load_file(d / "model.safetensors")
+    assert torch.equal(down.weight, sd["model.language_model.layers.0.mlp.down_proj.weight"])   # loaded, not garbage
+    ref = diff_row(enc.encode(**inputs), Encoder.from_pretrained(d, 3, progress=False).encode(**inputs))
+    assert ref["rel_l2"] < 0.05   # activations in e4m3 per 128 columns (the GPU's GEMMs) against dequantized ones
 
 
 def test_offload_with_block_layers(ckpts, inputs):
