@@ -18,7 +18,7 @@ import pandas as pd
 from safetensors.torch import save_file
 from ..config import EncoderConfig, qwen3vl_32b
 from ..encoder import Encoder
-from ..fast import FastConfig
+from ..fast import FastConfig, MODES
 from ..fp8 import quantize_weight, quantize_act, scaled_mm, fp8_linear
 from ..fp8_blocks import (BlockFp8, quantize_tensors, block_tiny, block_kernel, quantize_blocks,
                                          act_quant_kernel, quantize_act_blocks, block_mm, block_scaled_mm)
@@ -151,18 +151,22 @@ def main(argv=None) -> int:
     p.add_argument("--seqs", default="128,512,2048")
     p.add_argument("--variants", default=",".join(VARIANTS))
     p.add_argument("--iters", type=int, default=10)
+    p.add_argument("--mode", default="fast", choices=MODES, help="the encoders' mode (the error is exact mode's)")
     p.add_argument("--gemms", action="store_true", help="only each GEMM alone, rowwise and block FP8 (CUDA)")
     p.add_argument("--workdir", default="/tmp/fp8_blocks", help="where the two checkpoints are written")
-    p.add_argument("--out", default=None, help="the CSV (default: nbs/analysis/data/fp8_blocks[_gemms]_<h200|cpu>.csv)")
+    p.add_argument("--out", default=None,
+                   help="the CSV (default: nbs/analysis/data/fp8_blocks[_gemms|_exact]_<h200|cpu>.csv)")
     p.add_argument("--commit", default=None, help="git commit to record (default: git rev-parse, if git is there)")
     a = p.parse_args(argv)
     dev, seqs = "cuda" if a.full else "cpu", [int(s) for s in a.seqs.split(",")]
     if a.gemms and not a.full: raise SystemExit("--gemms needs --full (CUDA: the CPU has no block-scaled GEMM)")
     cfg = qwen3vl_32b(a.layers) if a.full else block_tiny(a.layers, text=dict(num_hidden_layers=a.layers))
     meta = provenance(dev, a.commit) | dict(config="qwen3vl_32b" if a.full else "block_tiny", layers=a.layers)
-    name = f"fp8_blocks{'_gemms' if a.gemms else ''}_{'h200' if a.full else 'cpu'}.csv"
+    meta |= {} if a.gemms else dict(mode=a.mode)
+    kind = "_gemms" if a.gemms else "_exact" if a.mode == "exact" else ""
+    name = f"fp8_blocks{kind}_{'h200' if a.full else 'cpu'}.csv"
     df = (bench_gemms(cfg, seqs, dev, a.iters) if a.gemms
-          else bench_blocks(cfg, a.workdir, seqs, dev, iters=a.iters, variants=a.variants.split(",")))
+          else bench_blocks(cfg, a.workdir, seqs, dev, a.mode, a.iters, variants=a.variants.split(",")))
     write_csv(df, a.out or data_dir() / name, meta, "%.6g", df.drop(columns=["kernel"], errors="ignore").to_string())
     return 0
 
