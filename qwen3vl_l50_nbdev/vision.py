@@ -57,6 +57,8 @@ def pos_interp(grid_thw, side: int, merge: int, device=None):
 # %% ../nbs/04_vision.ipynb #7a2b1381
 try: from torch.nn.attention.varlen import varlen_attn   # torch >= 2.10: packed sequences in one flash call (CUDA)
 except ImportError: varlen_attn = None
+# its keywords, read once: torch 2.10 takes is_causal, later ones a window (and GQA)
+_VARLEN_ARGS = inspect.signature(varlen_attn).parameters if varlen_attn else {}
 
 def varlen_flash(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lens: list[int], scale: float,
                  causal: bool = False) -> torch.Tensor | None:
@@ -64,9 +66,8 @@ def varlen_flash(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lens: list[i
      "attention's variable-length kernel: [seq, heads, head_dim]; None where it cannot run (the CPU, fp32, torch "
      "before 2.10). No plan is built per length, and segments of every size are one launch.")
     if varlen_attn is None or not q.is_cuda or q.dtype not in (torch.float16, torch.bfloat16): return None
-    args = inspect.signature(varlen_attn).parameters   # torch 2.10 takes is_causal, later ones a window (and GQA)
-    kw = dict(window_size=(-1, 0) if causal else (-1, -1)) if "window_size" in args else dict(is_causal=causal)
-    if "enable_gqa" in args: kw["enable_gqa"] = q.shape[1] != k.shape[1]
+    kw = dict(window_size=(-1, 0) if causal else (-1, -1)) if "window_size" in _VARLEN_ARGS else dict(is_causal=causal)
+    if "enable_gqa" in _VARLEN_ARGS: kw["enable_gqa"] = q.shape[1] != k.shape[1]
     cu = torch.tensor([0, *itertools.accumulate(lens)], dtype=torch.int32).to(q.device, non_blocking=True)
     return varlen_attn(*(t.contiguous() for t in (q, k, v)), cu, cu, max(lens), max(lens), scale=scale, **kw)
 
