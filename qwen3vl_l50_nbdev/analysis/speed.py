@@ -4,8 +4,8 @@
 
 # %% auto #0
 __all__ = ['LENGTHS', 'PICTURES', 'REFS', 'hf_model', 'copy_rotary_', 'build_pair', 'fp32_hf', 'eager_unless', 'fast_twin',
-           'decoder_flops', 'gemm_peak', 'hbm_bandwidth', 'floor_ms', 'text_case', 'cases', 'run', 'main', 'gemm_floor',
-           'gemm_table']
+           'variant_call', 'decoder_flops', 'gemm_peak', 'hbm_bandwidth', 'floor_ms', 'text_case', 'cases', 'run',
+           'main', 'gemm_floor', 'gemm_table']
 
 # %% ../../nbs/analysis/04a_speed_bench.ipynb #1ef5b510
 import argparse
@@ -95,6 +95,17 @@ def fast_twin(enc: Encoder, cfg: FastConfig = FastConfig()) -> Encoder:
     shared = {id(t): t for t in (*enc.parameters(), *enc.buffers(), enc.to_host)}
     return apply_fast(copy.deepcopy(enc, shared), cfg)
 
+def variant_call(hf, encs: dict, cfg: EncoderConfig, device):
+    ("`call(v, x, where='cpu')`: variant `v`'s output for the prompt `x` (`encode`'s inputs, or a list of them: one "
+     "packed call) on `where`: 'hf_eager' and 'hf_compiled' through `hf` (its result through our encoder's "
+     "`HostCopy`), else `encs[v]` ('fp8_' prefix dropped).")
+    def call(v, x, where="cpu"):
+        if v.startswith("hf"):
+            with eager_unless(v == "hf_compiled"): return hf_forward(hf, cfg, x, device, encs["exact"].to_host)
+        e = encs[v.removeprefix("fp8_")]
+        return e.encode_batch(x, where) if isinstance(x, list) else e.encode(**x, output_device=where)
+    return call
+
 # %% ../../nbs/analysis/04a_speed_bench.ipynb #1c3b5af8
 def decoder_flops(cfg, n: int) -> float:
     "FLOPs of the text decoder for `n` tokens: the GEMMs, and causal attention (QK and PV over the lower triangle)."
@@ -152,12 +163,7 @@ def run(cfg: EncoderConfig, full: bool, device, reps: int = 5, variants=("hf_eag
     encs = {"exact": enc, "fast": fast_twin(enc)}   # one encoder per mode, the same weights
     gib = torch.cuda.memory_allocated(device) / 2**30 if device.type == "cuda" else 0
     log(f"[{time.time() - t0:6.1f} s] built HF and ours, {gib:.1f} GiB")
-    cuda = device.type == "cuda"
-    def call(v, x, where="cpu"):   # the result on the CPU: HF's through our encoder's copy (`HostCopy`) too
-        if v.startswith("hf"):
-            with eager_unless(v == "hf_compiled"): return hf_forward(hf, cfg, x, device, enc.to_host)
-        e = encs[v.removeprefix("fp8_")]
-        return e.encode_batch(x, where) if isinstance(x, list) else e.encode(**x, output_device=where)
+    cuda, call = device.type == "cuda", variant_call(hf, encs, cfg, device)
     peak, bw = (gemm_peak(device), hbm_bandwidth(device)) if cuda else (float("nan"), float("nan"))
     weight_bytes = sum(p.numel() * p.element_size() for p in enc.text.layers.parameters())
     floor = lambda n: floor_ms(cfg, n, weight_bytes, peak, bw)
@@ -228,7 +234,7 @@ def run(cfg: EncoderConfig, full: bool, device, reps: int = 5, variants=("hf_eag
                                             for i, (a, b) in enumerate(zip(packed, solo)))))
             log(f"{rows[-1]['case']}, {v}: {rows[-1]['ms']:.1f} ms, two calls {rows[-1]['two_calls_ms']:.1f} ms")
     if fp8:                       # HF freed (its compiled code too), our decoder in FP8, the graphs captured anew
-        hf = None
+        hf = None; call = variant_call(None, encs, cfg, device)   # its last reference to HF dropped
         free_memory(device)
         for e in encs.values(): quantize_model_(e.text)
         encs["fast"].load_state_dict(enc.state_dict(), assign=True)   # one FP8 copy: both modes hold enc's tensors
@@ -261,6 +267,8 @@ def main(argv=None) -> int:
     p.add_argument("--out", default=None, help="CSV (default: nbs/analysis/data/speed_<device>.csv)")
     p.add_argument("--commit", default=None, help="git commit to record (default: git rev-parse, if git is there)")
     p.add_argument("--gemms", action="store_true", help="only the GEMMs of one 32B layer (gemm_floor), on CUDA")
+    p.add_argument("--profile", default=None, metavar="TOKENS",
+                   help="only tp_profile.hf_profile at these lengths (e.g. 128,2048,2500): speed_profile_<device>.csv")
     a = p.parse_args(argv)
     dev = torch.device("cuda", 0) if torch.cuda.is_available() else torch.device("cpu")
     if (a.full or a.gemms) and dev.type != "cuda": raise SystemExit("--full and --gemms need a CUDA device")
@@ -273,6 +281,15 @@ def main(argv=None) -> int:
                   shown=gemm_table(g, a.layers).to_string(float_format=lambda v: f'{v:.1f}'))
         return 0
     cfg = qwen3vl_32b(a.layers) if a.full else tiny(3)
+    if a.profile:
+        from .tp_profile import hf_profile, HF_VARIANTS   # it imports this module
+        variants = HF_VARIANTS if dev.type == "cuda" else ("hf_eager", "exact", "fast")   # CPU: nothing compiled
+        pr = hf_profile(cfg, [int(n) for n in a.profile.split(",")], dev, reps=a.reps, variants=variants)
+        write_csv(pr, a.out or data_dir() / f"speed_profile_{'h200' if a.full else 'cpu'}.csv",
+                  provenance(dev, a.commit, cmd),
+                  shown=pr.pivot_table(index=["tokens", "variant"], columns="kind", values="us_per_layer",
+                                       sort=False).round(1).to_string())
+        return 0
     variants = ("hf_eager", "hf_compiled", "exact", "fast") if dev.type == "cuda" else ("hf_eager", "exact", "fast")
     out = a.out or data_dir() / f"speed_{'h200' if a.full else 'cpu'}.csv"
     df = run(cfg, a.full, dev, a.reps, variants, ("fp8_fast",) if a.fp8 else (), log=lambda m: print(m, flush=True))
