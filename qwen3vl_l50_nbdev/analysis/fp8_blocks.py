@@ -182,7 +182,8 @@ def oracle_layers(cfg: EncoderConfig, workdir, kernel_src=None, tokens: int = 25
      "kernel from `kernel_src` (`hf_fp8_kernel`; None: as transformers finds it, dequantized on the CPU). With each "
      "one's error against transformers on the bf16 checkpoint.")
     dev, wd = torch.device(device), Path(workdir)
-    dirs = {k: write_checkpoint(wd / k, cfg, fmt, seed, dev) for k, fmt in (("bf16", None), ("fp8", BlockFp8()))}
+    fmt = BlockFp8(not_converted=("lm_head",))   # as Qwen's FP8 releases: transformers' FP8 lm_head wants its weight
+    dirs = {k: write_checkpoint(wd / k, cfg, f, seed, dev) for k, f in (("bf16", None), ("fp8", fmt))}
     x = synthetic_inputs(cfg, images=((1, 16, 16),), videos=(), text_len=tokens, seed=seed)
     n = cfg.selected_layer
     enc = Encoder.from_pretrained(dirs["fp8"], n, device=dev, progress=False)
