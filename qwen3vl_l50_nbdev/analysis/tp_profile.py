@@ -101,7 +101,7 @@ def profile_plot(prof: pd.DataFrame, by: str = "tp", title: str = "where a decod
                 wall = at.groupby(by)["call_ms"].first().reindex(d.index) * 1e3 / prof["layers"].iloc[0]
                 ax.scatter(names, wall, marker="_", s=1400 * 2 / max(2, len(names)), lw=2.5, color="k", zorder=3)
             ax.set_title(f"{n} tokens"); ax.grid(alpha=0.3, axis="y")
-            ax.tick_params(axis="x", labelrotation=30 if len(names) > 2 else 0)
+            if len(names) > 2: plt.setp(ax.get_xticklabels(), rotation=30, ha="right")
         axes[0][0].set_ylabel("µs per decoder layer (kernel time)")
         kinds = [k for k in KINDS if k in set(prof["kind"])]
         handles = [Patch(color=colors[k], label=k) for k in kinds] + (
