@@ -30,7 +30,7 @@ from ..metrics import diff_row, layer_states
 from ..provenance import provenance
 from ..testing import hf_shapes, hf_layer_states, synthetic_inputs
 from .weights import _full_random
-from .timing import cuda_ms, wall_ms, sync
+from .timing import cuda_ms, wall_ms, sync, free_memory
 from .report import write_csv, data_dir
 
 # %% ../../nbs/analysis/03b_fp8_blocks.ipynb #00bb0dc8
@@ -107,8 +107,7 @@ def bench_blocks(cfg: EncoderConfig, workdir, seqs=(128, 512, 2048), device="cpu
         for (v, s), row in rows.items():
             row["ms"].append(_ms(lambda: encs[v].encode(ids[s], output_device=dev), cuda, iters, warmup))
     df = pd.DataFrame(rows.values()).assign(ms=lambda d: d.ms.map(lambda t: sorted(t)[len(t) // 2]))
-    encs.clear(); del enc; gc.collect()   # the models freed
-    if cuda: torch.cuda.empty_cache()
+    encs.clear(); del enc; free_memory(dev)   # the models freed
     base = lambda v, col: df[df.variant == v].set_index("seq")[col]
     df["weight_vs_bf16"] = df.weight_gib / df.variant.map(lambda _: base("bf16", "weight_gib").iloc[0])
     df["ms_vs_fp8_channel"] = df.ms / df.seq.map(base("fp8-channel", "ms")) if "fp8-channel" in variants else None
@@ -191,7 +190,7 @@ def oracle_layers(cfg: EncoderConfig, workdir, kernel_src=None, tokens: int = 25
     enc = Encoder.from_pretrained(dirs["fp8"], n, device=dev, progress=False)
     with layer_states(enc.text, "cpu") as ours: enc.encode(**x)
     kernel = f"{block_kernel(dev)}+{act_quant_kernel(dev)}"
-    del enc; gc.collect(); torch.cuda.empty_cache() if dev.type == "cuda" else None
+    del enc; free_memory(dev)
     with hf_fp8_kernel(kernel_src) if kernel_src else contextlib.nullcontext():
         theirs = hf_layer_states(dirs["fp8"], x, n, torch.bfloat16, dev)
     ref = hf_layer_states(dirs["bf16"], x, n, torch.bfloat16, dev)
