@@ -4,8 +4,8 @@
 
 # %% auto #0
 __all__ = ['LENGTHS', 'PICTURES', 'REFS', 'hf_model', 'copy_rotary_', 'build_pair', 'fp32_hf', 'eager_unless', 'fast_twin',
-           'variant_call', 'decoder_flops', 'gemm_peak', 'hbm_bandwidth', 'floor_ms', 'text_case', 'cases', 'run',
-           'main', 'gemm_floor', 'gemm_table']
+           'variant_call', 'decoder_flops', 'gemm_peak', 'hbm_bandwidth', 'floor_ms', 'text_case', 'cases',
+           'round_ratios', 'run', 'main', 'gemm_floor', 'gemm_table']
 
 # %% ../../nbs/analysis/04a_speed_bench.ipynb #1ef5b510
 import argparse
@@ -152,6 +152,13 @@ def cases(cfg, full: bool) -> dict:
                    synthetic_inputs(cfg, images=((1, 32, 32),), videos=((4, 32, 32),), text_len=32)})
     return {"text 32": text_case(cfg, 32), "text 100": text_case(cfg, 100), "image + video": synthetic_inputs(cfg)}
 
+# %% ../../nbs/analysis/04a_speed_bench.ipynb #0c2d8a3a
+def round_ratios(ms: dict, base: str) -> dict:
+    ("Each variant's times (`ms`: a list per variant, one per interleaved round) over `base`'s in the same round: how "
+     "far one run's ratio moves from round to round; `[nan]` each where `base` was not timed.")
+    if base not in ms: return {v: [float("nan")] for v in ms}
+    return {v: [a / b for a, b in zip(t, ms[base], strict=True)] for v, t in ms.items()}
+
 # %% ../../nbs/analysis/04a_speed_bench.ipynb #d2f4650a
 def run(cfg: EncoderConfig, full: bool, device, reps: int = 5, variants=("hf_eager", "hf_compiled", "exact", "fast"),
         fp8: tuple = (), log=print) -> pd.DataFrame:
@@ -200,6 +207,7 @@ def run(cfg: EncoderConfig, full: bool, device, reps: int = 5, variants=("hf_eag
                     for v in variants:
                         out[v], t = wall_ms(lambda: call(v, x), cuda); ms[v].append(t)
             if "hf_eager" in out: hf_out[name] = out["hf_eager"]
+            per = round_ratios(ms, "hf_compiled")
             for v in variants:
                 med = statistics.median(ms[v])
                 tflops = decoder_flops(cfg, n) / med / 1e9
@@ -207,6 +215,7 @@ def run(cfg: EncoderConfig, full: bool, device, reps: int = 5, variants=("hf_eag
                                  first_call_over_s=first[v] - med / 1e3, weight_read_ms=read_ms[v],
                                  x_weight_read=med / read_ms[v],
                                  decoder_tflops=tflops, mfu=tflops / peak, floor_ms=floor(n), x_floor=med / floor(n),
+                                 x_hf_compiled_lo=min(per[v]), x_hf_compiled_hi=max(per[v]),
                                  peak_act_gib=mem[v], bitwise_to_hf=torch.equal(out[v], ref_to[name]),
                                  rel_l2_to_hf=diff_row(out[v], ref_to[name])["rel_l2"],
                                  rel_l2_to_fp32=diff_row(out[v], ref)["rel_l2"] if ref is not None else float("nan"),
@@ -295,9 +304,9 @@ def main(argv=None) -> int:
     df = run(cfg, a.full, dev, a.reps, variants, ("fp8_fast",) if a.fp8 else (), log=lambda m: print(m, flush=True))
     import transformers
     meta = provenance(dev, a.commit, cmd) | dict(transformers=transformers.__version__, layers=cfg.selected_layer)
-    cols = ["case", "tokens", "variant", "ms", "x_hf_eager", "x_hf_compiled", "x_fast", "mfu", "x_floor",
-            "first_call_s", "first_call_over_s", "x_weight_read", "warmup_s", "peak_act_gib", "bitwise_to_hf",
-            "rel_l2_to_fp32", "err_x_hf", "batch_ratio", "floor_ratio"]
+    cols = ["case", "tokens", "variant", "ms", "x_hf_eager", "x_hf_compiled", "x_hf_compiled_lo", "x_hf_compiled_hi",
+            "x_fast", "mfu", "x_floor", "first_call_s", "first_call_over_s", "x_weight_read", "warmup_s",
+            "peak_act_gib", "bitwise_to_hf", "rel_l2_to_fp32", "err_x_hf", "batch_ratio", "floor_ratio"]
     write_csv(df, out, meta, shown=df[[c for c in cols if c in df]].to_string(float_format=lambda v: f"{v:.3g}"))
     return 0
 

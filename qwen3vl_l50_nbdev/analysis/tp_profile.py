@@ -15,7 +15,7 @@ import pandas as pd
 from ..config import EncoderConfig
 from ..dist import Group, encoder_group
 from ..encoder import Encoder
-from ..fast import no_graphs, warmup
+from ..fast import FastConfig, no_graphs, warmup
 from .timing import free_memory, wall_ms
 from .speed import text_case, build_pair, fast_twin, variant_call
 from .tp_bench import Variant, build_ours, timed
@@ -112,17 +112,19 @@ def profile_plot(prof: pd.DataFrame, by: str = "tp", title: str = "where a decod
     return fig
 
 # %% ../../nbs/analysis/05d_tp_profile.ipynb #470382ef
-HF_VARIANTS = ("hf_eager", "hf_compiled", "exact", "fast")
+# the last: fast mode with HF's roundings (`FastConfig(fp32=False)`), what its fp32 residual stream costs
+HF_VARIANTS = ("hf_eager", "hf_compiled", "exact", "fast", "fast_hf_roundings")
 
 def hf_profile(cfg: EncoderConfig, tokens=(128, 2048, 2500), device="cuda", seed: int = 0, reps: int = 5,
                variants=HF_VARIANTS) -> pd.DataFrame:
-    ("HF eager and compiled beside our exact and fast mode, with the same weights (`speed.build_pair`, as the speed "
-     "sweep builds them): at each of `tokens`, `kernel_profile` per decoder layer and the median wall ms of `reps` "
-     "calls (interleaved); a row per (variant, tokens, kind).")
+    ("HF eager and compiled beside our exact and fast mode (and fast mode with HF's roundings), with the same "
+     "weights (`speed.build_pair`, as the speed sweep builds them): at each of `tokens`, `kernel_profile` per "
+     "decoder layer and the median wall ms of `reps` calls (interleaved); a row per (variant, tokens, kind).")
     device = torch.device(device)
     cuda = device.type == "cuda"
     hf, enc = build_pair(cfg, device, seed=seed)
     encs = {"exact": enc, "fast": fast_twin(enc)}
+    if "fast_hf_roundings" in variants: encs["fast_hf_roundings"] = fast_twin(enc, FastConfig(fp32=False))
     if cuda:
         for m in hf.language_model.layers: m.compile()
     call, rows = variant_call(hf, encs, cfg, device), []
