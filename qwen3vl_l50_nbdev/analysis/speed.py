@@ -207,16 +207,16 @@ def run(cfg: EncoderConfig, full: bool, device, reps: int = 5, variants=("hf_eag
                     for v in variants:
                         out[v], t = wall_ms(lambda: call(v, x), cuda); ms[v].append(t)
             if "hf_eager" in out: hf_out[name] = out["hf_eager"]
-            per = round_ratios(ms, "hf_compiled")
+            per = {b: round_ratios(ms, b) for b in ("hf_eager", "hf_compiled")}   # each round against HF's
             for v in variants:
                 med = statistics.median(ms[v])
                 tflops = decoder_flops(cfg, n) / med / 1e9
+                spread = {f"x_{b}_{k}": f(r[v]) for b, r in per.items() for k, f in (("lo", min), ("hi", max))}
                 rows.append(dict(case=name, tokens=n, variant=v, ms=med, ms_min=min(ms[v]), first_call_s=first[v],
                                  first_call_over_s=first[v] - med / 1e3, weight_read_ms=read_ms[v],
                                  x_weight_read=med / read_ms[v],
                                  decoder_tflops=tflops, mfu=tflops / peak, floor_ms=floor(n), x_floor=med / floor(n),
-                                 x_hf_compiled_lo=min(per[v]), x_hf_compiled_hi=max(per[v]),
-                                 peak_act_gib=mem[v], bitwise_to_hf=torch.equal(out[v], ref_to[name]),
+                                 **spread, peak_act_gib=mem[v], bitwise_to_hf=torch.equal(out[v], ref_to[name]),
                                  rel_l2_to_hf=diff_row(out[v], ref_to[name])["rel_l2"],
                                  rel_l2_to_fp32=diff_row(out[v], ref)["rel_l2"] if ref is not None else float("nan"),
                                  device_output_same=None if v.startswith("hf")   # encode(output_device=the GPU)
@@ -304,9 +304,10 @@ def main(argv=None) -> int:
     df = run(cfg, a.full, dev, a.reps, variants, ("fp8_fast",) if a.fp8 else (), log=lambda m: print(m, flush=True))
     import transformers
     meta = provenance(dev, a.commit, cmd) | dict(transformers=transformers.__version__, layers=cfg.selected_layer)
-    cols = ["case", "tokens", "variant", "ms", "x_hf_eager", "x_hf_compiled", "x_hf_compiled_lo", "x_hf_compiled_hi",
-            "x_fast", "mfu", "x_floor", "first_call_s", "first_call_over_s", "x_weight_read", "warmup_s",
-            "peak_act_gib", "bitwise_to_hf", "rel_l2_to_fp32", "err_x_hf", "batch_ratio", "floor_ratio"]
+    cols = ["case", "tokens", "variant", "ms", "x_hf_eager", "x_hf_eager_lo", "x_hf_eager_hi", "x_hf_compiled",
+            "x_hf_compiled_lo", "x_hf_compiled_hi", "x_fast", "mfu", "x_floor", "first_call_s", "first_call_over_s",
+            "x_weight_read", "warmup_s", "peak_act_gib", "bitwise_to_hf", "rel_l2_to_fp32", "err_x_hf", "batch_ratio",
+            "floor_ratio"]
     write_csv(df, out, meta, shown=df[[c for c in cols if c in df]].to_string(float_format=lambda v: f"{v:.3g}"))
     return 0
 
