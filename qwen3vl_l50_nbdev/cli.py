@@ -511,16 +511,20 @@ def main(argv=None) -> int:
         if rc > 128: print(f"qwen3vl-l50 {a.cmd}: interrupted by {signal.Signals(rc - 128).name}: torchrun and its "
                            f"{a.nproc} rank(s) were stopped", file=sys.stderr)
         return rc
+    _GOT.clear()
     old = _on_signals(_interrupt)
     try:
         rc = {"make-tiny": cmd_make_tiny, "encode": cmd_encode, "check": cmd_check, "demo": cmd_demo,
               "validate": cmd_validate, "encode-dataset": cmd_encode_dataset}[a.cmd](a) or 0
-    except (ValueError, OSError) as e:   # bad input, a file that can't be read or written: the message, not a traceback
-        _report(f"qwen3vl-l50 {a.cmd}: error: {e}")
-        rc = 2
     except Interrupted as e:   # Ctrl-C, or a scheduler's SIGTERM: one line, the shell's code (a temp file is removed)
-        if is_rank0(): print(f"qwen3vl-l50 {a.cmd}: interrupted by {signal.Signals(e.signum).name}", file=sys.stderr)
-        rc = 128 + e.signum
+        rc = _interrupted(a.cmd, e.signum)
+    except Exception as e:
+        # a C call (torch's, safetensors') can swallow `Interrupted` and raise an error of its own: still the signal
+        if _GOT: rc = _interrupted(a.cmd, _GOT[0])
+        elif isinstance(e, (ValueError, OSError)):   # bad input, a file that can't be read or written: the message
+            _report(f"qwen3vl-l50 {a.cmd}: error: {e}")
+            rc = 2
+        else: raise
     finally:
         for s, h in old.items(): signal.signal(s, h)
         if dist.is_initialized(): dist.destroy_process_group()
@@ -533,7 +537,16 @@ class Interrupted(BaseException):
     "SIGINT or SIGTERM arrived (`signum`): raised where the program is, so that `finally` blocks run."
     def __init__(self, signum: int): super().__init__(signum); self.signum = signum
 
-def _interrupt(signum, frame): raise Interrupted(signum)
+_GOT: list = []   # the signals that arrived during `main`'s command
+
+def _interrupt(signum, frame):
+    _GOT.append(signum)
+    raise Interrupted(signum)
+
+def _interrupted(cmd: str, signum: int) -> int:
+    "Say that `cmd` was interrupted by `signum` (rank 0), and return the shell's code for it."
+    if is_rank0(): print(f"qwen3vl-l50 {cmd}: interrupted by {signal.Signals(signum).name}", file=sys.stderr)
+    return 128 + signum
 
 def _on_signals(handler) -> dict:
     "Handle SIGINT and SIGTERM with `handler` (from the main thread only: Python's rule); the old handlers, to restore."

@@ -405,6 +405,31 @@ def test_interrupted_encode_says_one_line(sig, ckpt, tmp_path):
     assert sorted(x.name for x in tmp_path.iterdir()) == ["long.safetensors"]
 
 
+@pytest.mark.parametrize("error", [ValueError, RuntimeError])
+def test_signal_swallowed_by_a_c_call_is_still_an_interrupt(error, monkeypatch, tmp_path, capsys):
+    "A C call that swallows the signal's exception and raises its own (torch did, loading): still exit 143, one line."
+    from qwen3vl_l50_nbdev import cli
+    def swallows(a):
+        try:
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(5)   # the handler raises here
+        except BaseException: pass   # as torch's tensor constructor did with it
+        raise error("could not determine the shape of object type 'torch.storage.UntypedStorage'")
+    monkeypatch.setattr(cli, "cmd_make_tiny", swallows)
+    rc = main(["make-tiny", str(tmp_path / "tiny")])
+    err = capsys.readouterr().err
+    assert rc == 128 + signal.SIGTERM and err == "qwen3vl-l50 make-tiny: interrupted by SIGTERM\n", err
+    assert signal.getsignal(signal.SIGTERM) is not cli._interrupt   # the old handler is back
+
+
+def test_errors_without_a_signal_are_not_interrupts(monkeypatch, tmp_path):
+    "An error of another kind, with no signal, is not dressed up: it propagates (a traceback: a bug to report)."
+    from qwen3vl_l50_nbdev import cli
+    def fails(a): raise RuntimeError("a bug")
+    monkeypatch.setattr(cli, "cmd_make_tiny", fails)
+    with pytest.raises(RuntimeError, match="a bug"): main(["make-tiny", str(tmp_path / "tiny")])
+
+
 def test_nan_in_one_ranks_slice_fails_every_rank(ckpt, inputs, tmp_path):
     "A NaN that only rank 1 reads (its half of a column-parallel weight): every rank stops, exit 2, nothing written."
     from qwen3vl_l50_nbdev.testing import broken_checkpoint
