@@ -28,13 +28,13 @@ from safetensors.torch import load_file
 from tqdm.auto import tqdm
 import qwen3vl_l50_nbdev
 from .config import EncoderConfig
-from .dist import encoder_group, init_world, gather_objects
+from .dist import encoder_group, init_world, gather_objects, is_rank0, agree
 from .encoder import Encoder
 from .loading import checkpoint_fingerprint
 from .inputs import Processor
 from .prompts import Prompt, read_prompts, process_prompt
 from .provenance import git_commit, provenance
-from .cli import write_out, write_atomic, is_rank0, _agree
+from .files import write_out, write_atomic
 
 # %% ../nbs/15_dataset.ipynb #4bec50d7
 def input_hash(x: dict) -> str:
@@ -403,7 +403,7 @@ def encode_dataset(model, prompts_file, out, layer: int | None = None, tp: int =
         if state[0] == "new":
             write_atomic(Path(out) / JOB, lambda t: t.write_text(json.dumps(settings, indent=1) + "\n"))
         for f in Path(out).glob(".*.tmp"): f.unlink()   # a killed run's half-written shard or file
-    _agree(prepare)
+    agree(prepare)
     state = _share(state[0])
     done = _share({k for k in sizes if (Path(out) / shard_name(k)).exists()} if is_rank0() else None)
     dup = len(items) - sum(map(len, batches))

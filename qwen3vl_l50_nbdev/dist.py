@@ -5,7 +5,7 @@
 # %% auto #0
 __all__ = ['ONE_SHOT_BYTES', 'EXCHANGE_BYTES', 'EXCHANGE_SLOTS', 'WINDOW_BYTES', 'Group', 'one_shot_sum', 'OneShot', 'PendingSum',
            'sum_terms', 'Exchange', 'window_barrier', 'SymmetricSums', 'encoder_group', 'init_world', 'gather_objects',
-           'RemoteTraceback', 'spawn']
+           'RemoteTraceback', 'spawn', 'is_rank0', 'agree', 'report_once']
 
 # %% ../nbs/01_dist.ipynb #5f1fad8f
 import os
@@ -353,3 +353,37 @@ def spawn(fn, world_size: int, *args, timeout: float = 300, threads: int = 1) ->
                  for r in range(world_size)]
         for p in procs: p.start()
         return _collect(procs, q, timeout)
+
+# %% ../nbs/01_dist.ipynb #5309277a
+def is_rank0() -> bool:
+    "Rank 0 of the world (of torchrun's, before the world is joined), or a lone process."
+    return dist.get_rank() == 0 if dist.is_initialized() else int(os.environ.get("RANK", 0)) == 0
+
+# %% ../nbs/01_dist.ipynb #b31307c6
+def agree(fn):
+    "Run `fn` on rank 0 only and raise its `ValueError` on every rank (call on every rank: a broadcast)."
+    err = None
+    if is_rank0():
+        try: fn()
+        except ValueError as e: err = str(e)
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        box = [err]; dist.broadcast_object_list(box, src=0); err = box[0]
+    if err: raise ValueError(err)
+
+
+# %% ../nbs/01_dist.ipynb #7adbc2e7
+def report_once(msg: str):
+    "Print an error once across the ranks: rank 0's, or another rank's when rank 0 does not have the same one."
+    rank = dist.get_rank() if dist.is_initialized() else int(os.environ.get("RANK", 0))
+    if rank == 0 or not dist.is_initialized():
+        if rank == 0: print(msg, file=sys.stderr, flush=True)
+        if dist.is_initialized():
+            try: dist.distributed_c10d._get_default_store().set("qwen3vl-l50/error/0", msg)
+            except Exception: pass   # no store (a world without one): the message is printed all the same
+        return
+    try:
+        store = dist.distributed_c10d._get_default_store()
+        store.wait(["qwen3vl-l50/error/0"], datetime.timedelta(seconds=1))
+        same = store.get("qwen3vl-l50/error/0").decode() == msg
+    except Exception: same = False   # rank 0 has no error (or no store): this rank's is news
+    if not same: print(f"[rank {rank}] {msg}", file=sys.stderr, flush=True)
