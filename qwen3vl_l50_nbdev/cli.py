@@ -32,7 +32,8 @@ from .fp8 import GRANULARITIES, ACT_MODES
 from .fp8_blocks import block_tiny, quantize_checkpoint
 from .fast import MODES
 from .encoder import Encoder, as_prompt
-from .testing import make_tiny_checkpoint, synthetic_inputs, hf_reference
+from .tiny import make_tiny_checkpoint, synthetic_inputs
+from .hf import hf_reference
 from .inputs import Processor, with_qwen_vocab, sample_photo, load_image, check_file
 
 # %% ../nbs/12_cli.ipynb #e70858c3

@@ -19,7 +19,7 @@ from .tp import ColumnParallelLinear, RowParallelLinear, RowSum, VocabParallelEm
 from .text import RMSNorm, Attention as TextAttention, MLP, DecoderLayer, TextModel
 from .vision import Attention as VisionAttention, PatchEmbed, Block
 from .overlap import STAGES, overlapped
-from .testing import synthetic_inputs
+from .tiny import synthetic_inputs
 
 # %% ../nbs/08a_fast.ipynb #538e09b7
 MODES = ("exact", "fast")

@@ -5,7 +5,8 @@
 # %% auto #0
 __all__ = ['ROOTS', 'SKIPPED', 'RENAMES', 'FLOAT_DTYPES', 'checkpoint_name', 'map_name', 'source_name', 'sharding_rule',
            'param_splits', 'full_shape', 'fill_', 'Target', 'checkpoint_tensors', 'check_weight', 'load_weights',
-           'Entry', 'checkpoint_fingerprint', 'check_checkpoint', 'load_checkpoint', 'unshard']
+           'Entry', 'checkpoint_fingerprint', 'CheckpointIndex', 'checkpoint_index', 'check_checkpoint',
+           'load_checkpoint', 'unshard']
 
 # %% ../nbs/07_loading.ipynb #cda0f2ac
 import contextlib
@@ -24,7 +25,8 @@ from tqdm import tqdm
 from .text import TP_PLAN
 from .dist import Group
 from .config import path_exists, read_json, is_int
-from .fp8_blocks import SCALE_DTYPES, BlockTensor, block_format, check_scales, scale_name
+from .fp8_blocks import (SCALE_DTYPES, BlockTensor, block_format, check_scales, scale_name,
+                                          checkpoint_format)
 
 # %% ../nbs/07_loading.ipynb #40148614
 # HF's modules -> ours; below them names are equal
@@ -301,6 +303,21 @@ def _pair_scales(entries: dict[str, Entry], fmt) -> dict[str, Entry]:
     return out
 
 
+# %% ../nbs/07_loading.ipynb #ec1f8d0a
+class CheckpointIndex(NamedTuple):
+    "What a checkpoint directory holds, from its index and headers alone (checked)."
+    entries: dict[str, Entry]   # each tensor's `Entry`; an FP8 weight with its scales attached, the scales dropped
+    weight_map: dict | None     # model.safetensors.index.json's weight map, None without an index
+    files: list[Path]           # the safetensors files
+    fmt: object                 # config.json's `fp8_blocks.BlockFp8`, None when unquantized
+
+def checkpoint_index(path) -> CheckpointIndex:
+    "The `CheckpointIndex` of HF checkpoint directory `path`: its index read once, every header checked."
+    path = Path(path)
+    fmt, wm = checkpoint_format(path), _weight_map(path)
+    files = _files(path, wm)
+    return CheckpointIndex(_pair_scales(_headers(files, wm), fmt), wm, files, fmt)
+
 # %% ../nbs/07_loading.ipynb #7efe2261
 def _check_block_shards(model: nn.Module, fp8: dict[str, Entry], want: dict):
     "Raise naming each block-FP8 weight whose TP shards would cut its scale blocks: before anything is read."
@@ -328,9 +345,8 @@ def check_checkpoint(path, model: nn.Module) -> dict[str, Entry]:
     ("Check an HF checkpoint dir against `model` from `config.json` and the headers; "
      "return the `Entry` of each tensor to load.")
     path, N = Path(path), _depth(model)
-    fmt = block_format(_config_json(path, N), str(path / "config.json"))
-    wm = _weight_map(path)   # the index, read once
-    entries = _pair_scales(_headers(_files(path, wm), wm), fmt)
+    _config_json(path, N)   # a quantization we cannot load, too few layers: said first
+    entries = checkpoint_index(path).entries
     layer = _regex("model.language_model.layers.{i}.{rest}")
     if (n := 1 + max((int(m["i"]) for k in entries if (m := layer.fullmatch(k))), default=-1)) < N:
         raise ValueError(f"{path}'s tensors cover {n} decoder layers but selected_layer={N} needs {N}: "

@@ -10,7 +10,8 @@ import torch
 from safetensors.torch import save_file, load_file
 from qwen3vl_l50_nbdev.cli import main
 from qwen3vl_l50_nbdev.config import EncoderConfig
-from qwen3vl_l50_nbdev.testing import synthetic_inputs, hf_reference
+from qwen3vl_l50_nbdev.tiny import synthetic_inputs
+from qwen3vl_l50_nbdev.hf import hf_reference
 from qwen3vl_l50_nbdev.metrics import diff_row
 from qwen3vl_l50_nbdev.inputs import Processor, sample_photo
 

@@ -12,8 +12,8 @@ from qwen3vl_l50_nbdev.fp8_blocks import (FP8, BlockFp8, BlockTensor, block_tiny
                                           BlockFp8ColumnParallelLinear, BlockFp8RowParallelLinear, quantize_act_fused,
                                           act_quant_kernel)
 from qwen3vl_l50_nbdev.metrics import diff_row
-from qwen3vl_l50_nbdev.testing import (make_tiny_checkpoint, synthetic_inputs, broken_checkpoint, edit_config,
-                                       fake_group, encode_on_ranks)
+from qwen3vl_l50_nbdev.tiny import make_tiny_checkpoint, synthetic_inputs
+from qwen3vl_l50_nbdev.testing import broken_checkpoint, edit_config, fake_group, encode_on_ranks
 from qwen3vl_l50_nbdev.tp import ColumnParallelLinear, RowParallelLinear, projections_on_meta
 
 CFG = block_tiny(3)
@@ -56,7 +56,7 @@ def test_writer_quantizes_the_linears_transformers_would(ckpts):
 def test_exact_equals_transformers_dequantized_load(ckpts, inputs, exact):
     ("CPU: transformers dequantizes an FP8 checkpoint on load (fp32 product, rounded once to bf16): so do we. "
      "Its FP8 quantizer needs accelerate (a dev requirement: missing, this fails rather than skips).")
-    from qwen3vl_l50_nbdev.testing import hf_reference
+    from qwen3vl_l50_nbdev.hf import hf_reference
     assert torch.equal(exact, hf_reference(ckpts[1], inputs, 3, dtype=torch.bfloat16))
 
 def test_error_against_bf16_is_fp8_sized(ckpts, inputs, exact):
@@ -204,7 +204,7 @@ def test_validate_block_fp8_checkpoint(real_vocab_fp8, tmp_path, capsys):
      "exact mode HF bf16's bits at every layer, fast within its bound, the verdict PASS and the report saying FP8.")
     from qwen3vl_l50_nbdev import validate as V
     from qwen3vl_l50_nbdev.cli import main, parser
-    from qwen3vl_l50_nbdev.testing import hf_reference
+    from qwen3vl_l50_nbdev.hf import hf_reference
     model, prompts = real_vocab_fp8
     out = tmp_path / "r"
     a = parser().parse_args(["validate", "--model", str(model), "--prompts", str(prompts), "--out", str(out),

@@ -10,7 +10,7 @@ import pytest
 from safetensors.torch import save_file
 
 from qwen3vl_l50_nbdev.config import EncoderConfig
-from qwen3vl_l50_nbdev.testing import synthetic_inputs
+from qwen3vl_l50_nbdev.tiny import synthetic_inputs
 
 ROOT = Path(__file__).resolve().parents[1]
 SELF = {"make test": "this test is part of it", "make docs": "make test runs it"}   # not run from here

@@ -11,6 +11,9 @@ import pytest
 
 from qwen3vl_l50_nbdev.cli import main, parser
 from qwen3vl_l50_nbdev import validate as V
+from qwen3vl_l50_nbdev import validate_report as R
+from qwen3vl_l50_nbdev.contract import Variant
+from qwen3vl_l50_nbdev.hf import Checkpoint
 from qwen3vl_l50_nbdev.inputs import sample_photo
 
 ENV = os.environ | {"OMP_NUM_THREADS": "1"}
@@ -62,13 +65,13 @@ def test_tp_1_and_2_on_gloo(ckpt, prompts, tmp_path):
     assert r.returncode == 0, r.stdout + r.stderr[-3000:]
     assert "PASS: every variant within the numerics contract" in r.stdout, r.stdout
     assert "variants x prompts" in r.stderr   # the progress bar, once (rank 0)
-    df = V.load_results(out)
+    df = R.load_results(out)
     test_variants = ["tp1 exact", "tp2 fp32-reduce exact", "tp2 bf16-reduce exact"]
-    assert list(dict.fromkeys(df.variant)) == [V.HF_BF16, *test_variants]
+    assert list(dict.fromkeys(df.variant)) == [R.HF_BF16, *test_variants]
     assert set(df.prompt) == {"photo", "mp4", "gif", "4"} and set(df.kind) == {"accumulated", "local", "output"}
     assert df[df.variant == "tp1 exact"].bitwise_hf.all()
     assert not df[df.variant.str.startswith("tp2") & (df.kind == "output")].bitwise_hf.all()   # TP 2: other sums
-    v = V.verdicts(df)
+    v = R.verdicts(df)
     assert v.passed.all() and (v[v.rule == "tp>1"].worst_ratio <= 1.25).all(), v
     assert df.world.eq(2).all() and df.checkpoint_sha.nunique() == 1 and df.command.str.contains("validate").all()
     assert len(str(df.peak_gib_ranks.iloc[-1]).split(";")) == 2   # a peak per rank
@@ -87,29 +90,29 @@ def test_verdict_paths_in_process(ckpt, prompts, tmp_path, capsys):
     assert "FAIL tp1 exact: bitwise equal to HF bf16 at every layer; worst prompts: photo (layer 3 accumulated" in out
     assert re.search(r"FAIL tp1 fast: rel L2 <= 1.1 x HF bf16's own; worst prompts: \w+ \(\d+\.\d\dx\)", out), out
     assert "FAIL: 2 of 4 variant(s) outside the contract" in out
-    v = V.verdicts(V.load_results(tmp_path / "bad"))
+    v = R.verdicts(R.load_results(tmp_path / "bad"))
     assert v.passed.tolist() == [False, False, True, True], v
     assert (tmp_path / "bad" / "report.html").read_text().count('class="fail">FAIL') == 2
 
 
-def _rows(variant: V.Variant, rels: dict, bitwise: bool = True) -> list[dict]:
+def _rows(variant: Variant, rels: dict, bitwise: bool = True) -> list[dict]:
     "Output rows of `variant` with rel L2 `rels[prompt]`."
-    name = V.HF_BF16 if variant.mode == "hf" else variant.name
+    name = R.HF_BF16 if variant.mode == "hf" else variant.name
     return [dict(variant=name, **variant._asdict(), prompt=p, kind="output", layer=3, rel_l2=x, cosine=1.0,
                  max_abs=0.1, bitwise_hf=bitwise, max_abs_hf=0.0, time_s=0.01, peak_gib=1.0) for p, x in rels.items()]
 
 
-@pytest.mark.parametrize("variant,bound", [(V.Variant(mode="fast"), 1.1), (V.Variant(2, "fp32"), 1.25),
-                                           (V.Variant(2, "bf16", mode="fast"), 1.25),
-                                           (V.Variant(quant="fp8", granularity="tensor"), 16),
-                                           (V.Variant(4, "fp32", "fp8", "channel", "fast"), 16)])
+@pytest.mark.parametrize("variant,bound", [(Variant(mode="fast"), 1.1), (Variant(2, "fp32"), 1.25),
+                                           (Variant(2, "bf16", mode="fast"), 1.25),
+                                           (Variant(quant="fp8", granularity="tensor"), 16),
+                                           (Variant(4, "fp32", "fp8", "channel", "fast"), 16)])
 def test_every_rule_at_its_bound(variant, bound):
     "Each rule passes just inside its bound and fails just outside, naming the worst prompt; exact: the bits."
-    hf = _rows(V.Variant(mode="hf"), dict(a=0.01, b=0.02))
+    hf = _rows(Variant(mode="hf"), dict(a=0.01, b=0.02))
     for x, ok in ((0.999 * bound, True), (1.001 * bound, False)):   # b is well inside: a decides, and is named
-        v = V.verdicts(pd.DataFrame(hf + _rows(variant, dict(a=0.01 * x, b=0.02))))
+        v = R.verdicts(pd.DataFrame(hf + _rows(variant, dict(a=0.01 * x, b=0.02))))
         assert v.passed.tolist() == [ok] and v.worst_prompts[0].startswith(f"a ({x:.2f}x)"), (x, v)
-    exact = V.verdicts(pd.DataFrame(hf + _rows(V.Variant(), dict(a=0.01, b=0.02), bitwise=False)))
+    exact = R.verdicts(pd.DataFrame(hf + _rows(Variant(), dict(a=0.01, b=0.02), bitwise=False)))
     assert exact.passed.tolist() == [False] and "a (layer 3 output" in exact.worst_prompts[0], exact
 
 
@@ -119,7 +122,7 @@ def no_weights(monkeypatch):
     def boom(*a, **k): raise AssertionError("weights were read before the input was checked")
     monkeypatch.setattr(V, "reference", boom)
     monkeypatch.setattr(V.Encoder, "from_pretrained", boom)
-    monkeypatch.setattr(V._Checkpoint, "read", boom)
+    monkeypatch.setattr(Checkpoint, "read", boom)
 
 
 def _bad(tmp_path, text: str):
@@ -178,7 +181,7 @@ def test_fp64_reference_and_fingerprint(ckpt, prompts, tmp_path):
     "`--ref-dtype fp64`: the same verdict against a reference below fp32's noise; the checkpoint's fingerprint."
     a = args(ckpt, prompts, tmp_path / "r64", ref_dtype="fp64")
     assert V.run_validate(a) == 0
-    df = V.load_results(tmp_path / "r64")
+    df = R.load_results(tmp_path / "r64")
     assert df.ref_dtype.eq("fp64").all() and df.checkpoint_sha.iloc[0] == V.checkpoint_fingerprint(ckpt)
     assert df[df.variant == "tp1 exact"].bitwise_hf.all()
 

@@ -20,7 +20,8 @@ from ..dataset import Item, input_hash, plan_batches, encode_batches
 from ..fp8 import quantize_model_
 from ..fast import apply_fast, warmup
 from ..metrics import diff_row
-from ..testing import synthetic_inputs, hf_forward
+from ..tiny import synthetic_inputs
+from ..hf import hf_forward
 from .speed import build_pair, fast_twin, gemm_peak, decoder_flops, eager_unless, text_case
 from .report import provenance, data_dir, write_csv
 from .timing import free_memory, wall_ms

@@ -28,7 +28,9 @@ from ..fp8_blocks import (BlockFp8, quantize_tensors, block_tiny, block_kernel, 
                                          act_quant_kernel, quantize_act_blocks, block_mm, block_scaled_mm)
 from ..metrics import diff_row, layer_states
 from ..provenance import provenance
-from ..testing import hf_shapes, hf_layer_states, synthetic_inputs
+from ..tiny import synthetic_inputs
+from ..hf import hf_layer_states
+from ..testing import hf_shapes
 from .weights import _full_random
 from .timing import cuda_ms, wall_ms, sync, free_memory
 from .report import write_csv, data_dir

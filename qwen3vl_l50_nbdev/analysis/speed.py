@@ -23,7 +23,8 @@ from ..loading import load_weights
 from ..metrics import diff_row
 from ..fp8 import quantize_model_
 from ..fast import FastConfig, apply_fast, warmup
-from ..testing import synthetic_inputs, hf_forward
+from ..tiny import synthetic_inputs
+from ..hf import hf_forward
 from .timing import wall_ms, first_call, free_memory, cuda_ms, graph_us
 from .report import provenance, data_dir, write_csv
 

@@ -24,7 +24,7 @@ from ..fp8 import GRANULARITIES, quantize_model_
 from ..loading import checkpoint_tensors, checkpoint_name
 from ..metrics import diff_row, checksum
 from ..rope import rope_index
-from ..testing import hf_forward
+from ..hf import hf_forward
 from .weights import random_weights_
 from .bench import decoder_states
 from .timing import wall_ms, first_call, free_memory

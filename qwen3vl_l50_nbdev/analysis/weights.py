@@ -19,7 +19,7 @@ from ..tp import REDUCE_MODES, RowParallelLinear
 from ..text import DecoderLayer
 from ..loading import param_splits, full_shape, fill_
 from ..encoder import Encoder
-from ..testing import synthetic_inputs
+from ..tiny import synthetic_inputs
 from ..metrics import diff_row
 from ..fp8 import quantize_model_, Fp8RowParallelLinear, GRANULARITIES, ACT_MODES
 from ..metrics import layer_states   # the states per layer, for every sweep
