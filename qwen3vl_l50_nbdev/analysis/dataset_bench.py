@@ -22,7 +22,8 @@ from ..fast import apply_fast, warmup
 from ..metrics import diff_row
 from ..tiny import synthetic_inputs
 from ..hf import hf_forward
-from .speed import build_pair, fast_twin, gemm_peak, decoder_flops, eager_unless, text_case
+from .cases import build_pair, fast_twin, eager_unless, text_case
+from .speed import gemm_peak, decoder_flops
 from .report import provenance, data_dir, write_csv
 from .timing import free_memory, wall_ms
 

@@ -28,7 +28,7 @@ from ..hf import hf_forward
 from .weights import random_weights_
 from .bench import decoder_states
 from .timing import wall_ms, first_call, free_memory
-from .speed import text_case, hf_model, copy_rotary_
+from .cases import text_case, hf_model, copy_rotary_
 
 # %% ../../nbs/analysis/05a_tp_bench.ipynb #482ef509
 class Variant(NamedTuple):

@@ -19,7 +19,7 @@ from ..tp import RowParallelLinear
 from ..metrics import diff_row, checksum
 from ..rope import rope_index
 from .timing import graph_us, free_memory
-from .speed import text_case
+from .cases import text_case
 from .tp_bench import Variant, FP8_QUANTS, build_ours
 
 # %% ../../nbs/analysis/05c_tp_comm.ipynb #d7819171

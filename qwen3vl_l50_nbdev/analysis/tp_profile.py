@@ -17,7 +17,7 @@ from ..dist import Group, encoder_group
 from ..encoder import Encoder
 from ..fast import FastConfig, no_graphs, warmup
 from .timing import free_memory, wall_ms
-from .speed import text_case, build_pair, fast_twin, variant_call
+from .cases import text_case, build_pair, fast_twin, variant_call
 from .tp_bench import Variant, build_ours, timed
 
 # %% ../../nbs/analysis/05d_tp_profile.ipynb #c0282a24
