@@ -139,8 +139,8 @@ def targets(df: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame([dict(target=k, bound=v, measured=got[k], met=bool(got[k] >= v)) for k, v in TARGETS.items()])
 
 def main(argv=None) -> int:
-    "`python -m qwen3vl_l50_nbdev.analysis.dataset_bench [--full]`: the benchmark; writes its CSV with provenance."
-    p = argparse.ArgumentParser(prog="python -m qwen3vl_l50_nbdev.analysis.dataset_bench", description=main.__doc__)
+    "`python -m qwen3vl_l50_nbdev.analysis dataset [--full]`: the benchmark; writes its CSV with provenance."
+    p = argparse.ArgumentParser(prog="python -m qwen3vl_l50_nbdev.analysis dataset", description=main.__doc__)
     p.add_argument("--full", action="store_true", help="Qwen3-VL-32B dimensions on CUDA (default: tiny(3) on the CPU)")
     p.add_argument("--layers", type=int, default=50, help="decoder layers with --full")
     p.add_argument("--n", type=int, default=None, help="prompts (default: 2000 with --full, 24 on the CPU)")
@@ -155,7 +155,7 @@ def main(argv=None) -> int:
     if dev.type == "cuda": torch.cuda.set_device(dev)
     cfg = qwen3vl_32b(a.layers) if a.full else tiny(3)
     import transformers
-    cmd = "python -m qwen3vl_l50_nbdev.analysis.dataset_bench " + " ".join(sys.argv[1:] if argv is None else argv)
+    cmd = "python -m qwen3vl_l50_nbdev.analysis dataset " + " ".join(sys.argv[1:] if argv is None else argv)
     meta = provenance(dev, a.commit, cmd) | dict(transformers=transformers.__version__)
     out = Path(a.out or data_dir() / f"dataset_{'h200' if a.full else 'cpu'}.csv")
     part = lambda rows: rows.assign(**meta).to_csv(out.with_suffix(".partial.csv"), index=False)
@@ -166,7 +166,3 @@ def main(argv=None) -> int:
                                        "batches_s"]]
               .to_string(float_format=lambda v: f"{v:.3g}") + "\n" + targets(df).to_string())
     return 0
-
-# %% ../../nbs/analysis/07a_dataset_bench.ipynb #616db459
-#| eval: false
-if __name__ == "__main__" and "__file__" in globals(): raise SystemExit(main())

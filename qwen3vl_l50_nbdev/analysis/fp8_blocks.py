@@ -207,8 +207,8 @@ def oracle_layers(cfg: EncoderConfig, workdir, kernel_src=None, tokens: int = 25
 
 # %% ../../nbs/analysis/03b_fp8_blocks.ipynb #ce242a43
 def main(argv=None) -> int:
-    "`python -m qwen3vl_l50_nbdev.analysis.fp8_blocks [--full] [--gemms | --oracle]`: one measurement, one CSV."
-    p = argparse.ArgumentParser(prog="python -m qwen3vl_l50_nbdev.analysis.fp8_blocks")
+    "`python -m qwen3vl_l50_nbdev.analysis fp8-blocks [--full] [--gemms | --oracle]`: one measurement, one CSV."
+    p = argparse.ArgumentParser(prog="python -m qwen3vl_l50_nbdev.analysis fp8-blocks")
     p.add_argument("--full", action="store_true", help="Qwen3-VL-32B dimensions on CUDA (default: block_tiny on CPU)")
     p.add_argument("--layers", type=int, default=10)
     p.add_argument("--seqs", default="128,512,2048")
@@ -236,7 +236,3 @@ def main(argv=None) -> int:
           else bench_blocks(cfg, a.workdir, seqs, dev, a.mode, a.iters, variants=a.variants.split(",")))
     write_csv(df, a.out or data_dir() / name, meta, "%.6g", df.drop(columns=["kernel"], errors="ignore").to_string())
     return 0
-
-# %% ../../nbs/analysis/03b_fp8_blocks.ipynb #897a60d1
-#| eval: false
-if __name__ == "__main__" and "__file__" in globals(): sys.exit(main())   # `python -m`, not a notebook kernel

@@ -72,9 +72,9 @@ def bench_offload(layers: int = 50, tokens: int = 2048, rings=(2, 3), iters: int
 
 # %% ../../nbs/analysis/06_offload_bench.ipynb #090e95ac
 def main(argv=None) -> int:
-    ("`[torchrun --nproc_per_node N] python -m qwen3vl_l50_nbdev.analysis.offload_bench --out CSV`: "
+    ("`[torchrun --nproc_per_node N] python -m qwen3vl_l50_nbdev.analysis offload --out CSV`: "
      "every rank measures its shard; rank 0 writes all ranks' rows.")
-    ap = argparse.ArgumentParser(prog="python -m qwen3vl_l50_nbdev.analysis.offload_bench",
+    ap = argparse.ArgumentParser(prog="python -m qwen3vl_l50_nbdev.analysis offload",
                                  description="Offload benchmark on CUDA: resident vs offload='cpu' vs 'layerwise'")
     ap.add_argument("--layers", type=int, default=50, help="decoder layers kept (selected_layer)")
     ap.add_argument("--tokens", type=int, default=2048, help="prompt length (text tokens)")
@@ -94,13 +94,9 @@ def main(argv=None) -> int:
             rows = [r for rs in every for r in rs]
         if not dist.is_initialized() or dist.get_rank() == 0:
             launch = f"torchrun --nproc_per_node {world} -m" if world > 1 else "python -m"
-            cmd = f"{launch} qwen3vl_l50_nbdev.analysis.offload_bench {' '.join(sys.argv[1:])}"
+            cmd = f"{launch} qwen3vl_l50_nbdev.analysis offload {' '.join(sys.argv[1:])}"
             meta = provenance(dev, a.commit, cmd)
             write_csv(pd.DataFrame(rows), a.out, meta)
     finally:
         if dist.is_initialized(): dist.destroy_process_group()
     return 0
-
-# %% ../../nbs/analysis/06_offload_bench.ipynb #bc307af1
-#| eval: false
-if __name__ == "__main__" and "__file__" in globals(): raise SystemExit(main())   # `python -m`, not a notebook

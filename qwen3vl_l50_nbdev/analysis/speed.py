@@ -183,8 +183,8 @@ def run(cfg: EncoderConfig, full: bool, device, reps: int = 5, variants=("hf_eag
 
 # %% ../../nbs/analysis/04a_speed_bench.ipynb #a9ba5e88
 def main(argv=None) -> int:
-    "`python -m qwen3vl_l50_nbdev.analysis.speed [--full]`: the benchmark; writes its CSV with provenance."
-    p = argparse.ArgumentParser(prog="python -m qwen3vl_l50_nbdev.analysis.speed", description=main.__doc__)
+    "`python -m qwen3vl_l50_nbdev.analysis speed [--full]`: the benchmark; writes its CSV with provenance."
+    p = argparse.ArgumentParser(prog="python -m qwen3vl_l50_nbdev.analysis speed", description=main.__doc__)
     p.add_argument("--full", action="store_true", help="Qwen3-VL-32B dimensions on CUDA (default: tiny(3) on the CPU)")
     p.add_argument("--layers", type=int, default=50, help="decoder layers with --full")
     p.add_argument("--fp8", action="store_true", help="then the text cases again in FP8 fast mode (HF freed)")
@@ -198,7 +198,7 @@ def main(argv=None) -> int:
     dev = torch.device("cuda", 0) if torch.cuda.is_available() else torch.device("cpu")
     if (a.full or a.gemms) and dev.type != "cuda": raise SystemExit("--full and --gemms need a CUDA device")
     if dev.type == "cuda": torch.cuda.set_device(dev)
-    cmd = "python -m qwen3vl_l50_nbdev.analysis.speed " + " ".join(sys.argv[1:] if argv is None else argv)
+    cmd = "python -m qwen3vl_l50_nbdev.analysis speed " + " ".join(sys.argv[1:] if argv is None else argv)
     if a.gemms:
         out = a.out or data_dir() / "gemm_floor_h200.csv"
         g = gemm_floor(qwen3vl_32b(a.layers), device=dev)
@@ -263,7 +263,3 @@ def gemm_table(g: pd.DataFrame, layers: int) -> pd.DataFrame:
     per = g.pivot_table(index="tokens", columns="backend", values="us", aggfunc="sum") * layers / 1e3
     best = g.groupby(["tokens", "gemm"])["us"].min().groupby("tokens").sum() * layers / 1e3
     return per.assign(best=best).rename(columns=lambda c: f"{c} ms")
-
-# %% ../../nbs/analysis/04a_speed_bench.ipynb #cd743280
-#| eval: false
-if __name__ == "__main__" and "__file__" in globals(): raise SystemExit(main())

@@ -23,9 +23,9 @@ from .tp_profile import profile_bench
 
 # %% ../../nbs/analysis/05_tp_speed.ipynb #b498ee2a
 def main(argv=None) -> int:
-    ("`torchrun --nproc_per_node 2 -m qwen3vl_l50_nbdev.analysis.tp_speed [--full]`: the benchmark on 1 or 2 ranks; "
+    ("`torchrun --nproc_per_node 2 -m qwen3vl_l50_nbdev.analysis tp [--full]`: the benchmark on 1 or 2 ranks; "
      "rank 0 writes the CSV with provenance.")
-    p = argparse.ArgumentParser(prog="torchrun --nproc_per_node 2 -m qwen3vl_l50_nbdev.analysis.tp_speed",
+    p = argparse.ArgumentParser(prog="torchrun --nproc_per_node 2 -m qwen3vl_l50_nbdev.analysis tp",
                                 description=main.__doc__)
     ints = lambda s: tuple(int(x) for x in s.split(","))
     p.add_argument("--full", action="store_true", help="Qwen3-VL-32B dimensions, NCCL on GPUs (default: tiny, gloo)")
@@ -53,7 +53,7 @@ def main(argv=None) -> int:
         if device.type == "cpu": torch.set_num_threads(max(1, (os.cpu_count() or 1) // world))
         layers = a.layers or (50 if a.full else 3)
         cfg = qwen3vl_32b(layers) if a.full else tiny(layers)
-        cmd = (f"torchrun --nproc_per_node {world} -m qwen3vl_l50_nbdev.analysis.tp_speed "
+        cmd = (f"torchrun --nproc_per_node {world} -m qwen3vl_l50_nbdev.analysis tp "
                + " ".join(sys.argv[1:] if argv is None else argv))
         if a.profile:
             pr = profile_bench(cfg, a.tokens or ((128, 2048, 8192) if a.full else (32, 100)), device, a.seed, a.reps)
@@ -94,7 +94,3 @@ def main(argv=None) -> int:
     finally:
         if dist.is_initialized(): dist.destroy_process_group()
     return 0
-
-# %% ../../nbs/analysis/05_tp_speed.ipynb #f5f085fa
-#| eval: false
-if __name__ == "__main__" and "__file__" in globals(): raise SystemExit(main())
