@@ -35,6 +35,8 @@ from .inputs import Processor
 from .prompts import Prompt, read_prompts, process_prompt
 from .provenance import git_commit, provenance
 from .files import write_out, write_atomic
+from .settings import Numerics
+
 
 # %% ../nbs/15_dataset.ipynb #4bec50d7
 def input_hash(x: dict) -> str:
@@ -89,14 +91,13 @@ def prompts_digest(items: list[Item]) -> str:
     "XXH3-128 of the prompts' ids and input hashes, in file order: the same prompts, the same digest."
     return xxhash.xxh3_128("\n".join(f"{it.id}\t{it.hash}" for it in items).encode()).hexdigest()
 
-def job_settings(model, cfg: EncoderConfig, items: list[Item], dtype: str = "bf16", tp: int = 1, reduce: str = "fp32",
-                 quant: str | None = None, granularity: str = "channel", act: str = "token", mode: str = "exact",
+def job_settings(model, cfg: EncoderConfig, items: list[Item], numerics: Numerics = Numerics(), tp: int = 1,
                  batch_tokens: int = 8192, device: str = "cpu") -> dict:
     "What fixes the job's bits (not the replicas); `DIR/job.json`."
-    fp8 = quant == "fp8"
-    return dict(checkpoint=checkpoint_fingerprint(model), layer=cfg.selected_layer, dtype=dtype, tp=tp,
-                reduce=reduce if tp > 1 else "none", quant=quant or "none", fp8_granularity=granularity if fp8 else
-                "none", fp8_act=act if fp8 else "none", mode=mode, batch_tokens=batch_tokens,
+    n, fp8 = numerics, numerics.quant == "fp8"
+    return dict(checkpoint=checkpoint_fingerprint(model), layer=cfg.selected_layer, dtype=n.dtype, tp=tp,
+                reduce=n.reduce if tp > 1 else "none", quant=n.quant or "none", fp8_granularity=n.fp8_granularity
+                if fp8 else "none", fp8_act=n.fp8_act if fp8 else "none", mode=n.mode, batch_tokens=batch_tokens,
                 device=torch.device(device).type, prompts=prompts_digest(items), count=len(items))
 
 # %% ../nbs/15_dataset.ipynb #2ed908f9
@@ -374,9 +375,8 @@ def same_kernels():
     c = torch._inductor.config
     return c.patch(deterministic=True) if hasattr(c, "deterministic") else contextlib.nullcontext()
 
-def encode_dataset(model, prompts_file, out, layer: int | None = None, tp: int = 1, mode: str = "exact",
-                   reduce: str = "fp32", quant: str | None = None, granularity: str = "channel", act: str = "token",
-                   dtype: str = "bf16", device=None, batch_tokens: int = 8192, cache=None, overwrite: bool = False,
+def encode_dataset(model, prompts_file, out, layer: int | None = None, tp: int = 1, numerics: Numerics = Numerics(),
+                   device=None, batch_tokens: int = 8192, cache=None, overwrite: bool = False,
                    max_pixels: int | None = None, progress: bool = True, command: str | None = None) -> Summary:
     ("Encode every prompt of `prompts_file` into `out` (on every rank of the world); the `Summary` on rank 0 (on every "
      "rank when all was done already), None on the others.")
@@ -393,7 +393,7 @@ def encode_dataset(model, prompts_file, out, layer: int | None = None, tp: int =
     proc = Processor.from_pretrained(model, video=px or None, **px)
     prompts = read_prompts(prompts_file)
     items = scan(prompts, proc, cfg)   # every line checked: before any weight is read
-    settings = job_settings(model, cfg, items, dtype, tp, reduce, quant, granularity, act, mode, batch_tokens, dev)
+    settings = job_settings(model, cfg, items, numerics, tp, batch_tokens, dev)
     store = Cache(cache, settings) if cache else None
     batches = plan_batches(items, batch_tokens)
     sizes = {k: sum(it.tokens for it in b) for k, b in enumerate(batches)}
@@ -415,13 +415,12 @@ def encode_dataset(model, prompts_file, out, layer: int | None = None, tp: int =
     per = Counter(it.hash for it in items)   # a batch's prompts: its inputs and their duplicates
     counts = {k: sum(per[it.hash] for it in b) for k, b in enumerate(batches)}
     with same_kernels():   # from from_pretrained's warm-up (fast mode compiles there) to the last batch
-        dt = {"bf16": torch.bfloat16, "fp32": torch.float32}[dtype]
-        enc = Encoder.from_pretrained(model, cfg.selected_layer, dt, dev, group, reduce, quant, granularity, act,
-                                      progress=False, mode=mode)
+        enc = Encoder.from_pretrained(model, cfg.selected_layer, device=dev, group=group, progress=False,
+                                      **numerics.kwargs())
         t1 = time.perf_counter()
         with Progress(out, sizes, counts, done, show=progress and is_rank0()) as bar:
             again = lambda it: process_prompt(prompts[it.index], proc, cfg)   # processed again: not kept in memory
-            encode_batches(enc, {k: batches[k] for k in mine}, again, mode, out, store)
+            encode_batches(enc, {k: batches[k] for k in mine}, again, numerics.mode, out, store)
             if not is_rank0(): return None
             while len(bar.poll()) < len(batches): time.sleep(0.2)   # the other replicas' shards
     secs = time.perf_counter() - t1

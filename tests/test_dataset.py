@@ -18,6 +18,7 @@ from qwen3vl_l50_nbdev.dataset import encode_dataset, load_embeddings, MANIFEST
 from qwen3vl_l50_nbdev.encoder import Encoder
 from qwen3vl_l50_nbdev.inputs import Processor, sample_photo
 from qwen3vl_l50_nbdev.prompts import read_prompts, process_prompts
+from qwen3vl_l50_nbdev.settings import Numerics
 
 ENV = os.environ | {"OMP_NUM_THREADS": "1"}
 CLI = [sys.executable, "-m", "qwen3vl_l50_nbdev.cli"]
@@ -144,7 +145,8 @@ def test_killed_then_resumed(how, mode, ckpt, long, tmp_path):
     ("A 2-replica job stopped mid-way (SIGKILL of a rank, SIGKILL of the launcher, Ctrl-C), then the same command: "
      "every prompt once, every shard whole, the bits of an uninterrupted one-process run.")
     if mode not in _REF:   # uninterrupted, one process: the replicas must not change the bits either
-        encode_dataset(ckpt, long, tmp_path / f"ref-{mode}", layer=3, mode=mode, batch_tokens=9000, progress=False)
+        encode_dataset(ckpt, long, tmp_path / f"ref-{mode}", layer=3, numerics=Numerics(mode=mode), batch_tokens=9000,
+                       progress=False)
         e = load_embeddings(tmp_path / f"ref-{mode}"); _REF[mode] = {k: e[k] for k in e}
     out = tmp_path / "out"
     cmd = [*CLI, *args(ckpt, long, out, "--mode", mode, "--batch-tokens", 9000), "--nproc", "2"]
