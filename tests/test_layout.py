@@ -1,0 +1,140 @@
+"""The package is a stack: the import graph (drawn from the sources) has no loop and no upward arrow; entry points
+import only what they need (counted in fresh processes)."""
+import ast
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+PKG = Path(__file__).resolve().parents[1] / "qwen3vl_l50_nbdev"
+# the core, low to high: a module imports only modules to its left (settings and config import nothing of ours)
+ORDER = ("settings config metrics provenance dist files tp rope vision deepstack text tiny fp8 fp8_blocks loading "
+         "overlap fast offload encoder tokenizer inputs prompts contract hf validate_report validate dataset "
+         "cli").split()
+TEST_ONLY = "testing"   # imports anything; nothing in the core imports it
+HEAVY = ("transformers", "pandas", "matplotlib")
+
+
+def _name(p: Path) -> str:
+    return ".".join(p.relative_to(PKG).with_suffix("").parts).removesuffix(".__init__")
+
+
+def imports(p: Path) -> set[str]:
+    "The package's modules that `p` imports anywhere (top level or inside a function), from its syntax tree."
+    me, found = _name(p).split("."), set()
+    for n in ast.walk(ast.parse(p.read_text())):
+        if isinstance(n, ast.ImportFrom):
+            base = me[:len(me) - n.level] if n.level else []
+            mod = ".".join(base + ([n.module] if n.module else [])) if n.level else (n.module or "")
+            names = [mod] + [f"{mod}.{a.name}" for a in n.names]
+        elif isinstance(n, ast.Import): names = [a.name for a in n.names]
+        else: continue
+        relative = isinstance(n, ast.ImportFrom) and n.level
+        for x in names:
+            if relative: found.add(x)
+            elif x.startswith("qwen3vl_l50_nbdev."): found.add(x.removeprefix("qwen3vl_l50_nbdev."))
+    return found
+
+
+def graph() -> dict[str, set[str]]:
+    "Module -> the package's modules it imports."
+    files = {_name(p): p for p in PKG.rglob("*.py") if p.name != "_modidx.py" and _name(p)}
+    out = {}
+    for m, p in files.items():
+        deps = set()
+        for x in imports(p):
+            while x and x not in files: x = x.rpartition(".")[0]
+            if x and x != m: deps.add(x)
+        out[m] = deps
+    return out
+
+
+def cycles(g: dict[str, set[str]]) -> list[list[str]]:
+    "The strongly connected components of more than one module (Tarjan): each holds an import circle."
+    index, low, stack, on, found = {}, {}, [], set(), []
+    def visit(v):
+        index[v] = low[v] = len(index); stack.append(v); on.add(v)
+        for w in g[v]:
+            if w not in index: visit(w); low[v] = min(low[v], low[w])
+            elif w in on: low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            c = [stack.pop()]
+            while c[-1] != v: c.append(stack.pop())
+            on.difference_update(c)
+            if len(c) > 1: found.append(sorted(c))
+    for v in g:
+        if v not in index: visit(v)
+    return found
+
+
+def test_cycles_found():
+    "The cycle finder finds a circle where there is one (the test can fail)."
+    assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+    assert cycles({"a": {"b"}, "b": set()}) == []
+
+
+def test_no_import_circle():
+    g = graph()
+    print("\n".join(f"{m} -> {' '.join(sorted(d))}" for m, d in sorted(g.items())))
+    assert cycles(g) == [], f"import circles: {cycles(g)}"
+
+
+def test_stack_order():
+    "Every core module imports only modules below it; the core never imports the harness, the CLI or the test module."
+    g = graph()
+    core = [m for m in g if "." not in m and m not in ("analysis", "__init__")]
+    if lost := sorted(set(core) - set(ORDER) - {TEST_ONLY}):
+        pytest.fail(f"{lost}: not in the stack; place each in ORDER (tests/test_layout.py) between what it imports "
+                    "and what imports it")
+    up = [f"{m} -> {d}" for m in core if m != TEST_ONLY for d in g[m]
+          if d.startswith("analysis") or d == TEST_ONLY or ORDER.index(d) > ORDER.index(m)]
+    assert up == [], f"imports of a higher module: {up}"
+
+
+def test_harness_apart():
+    "The harness imports the core, never the other way (checked above); its own modules have no circle either."
+    g = graph()
+    assert not [c for c in cycles(g) if any(m.startswith("analysis") for m in c)]
+    assert all(not d.startswith("analysis") for m, d0 in g.items() if not m.startswith("analysis") for d in d0)
+
+
+def _modules(code: str) -> set[str]:
+    "The modules a fresh interpreter holds after running `code`."
+    out = subprocess.run([sys.executable, "-c", f"{code}\nimport sys, json; print(json.dumps(sorted(sys.modules)))"],
+                         capture_output=True, text=True, timeout=300, cwd=PKG.parent,
+                         env=os.environ | {"PYTHONPATH": str(PKG.parent)})
+    assert out.returncode == 0, out.stderr[-2000:]
+    return {m.split(".")[0] for m in json.loads(out.stdout.splitlines()[-1])}
+
+
+def test_encoder_imports_nothing_heavy():
+    "`import qwen3vl_l50_nbdev.encoder`: no pandas, matplotlib or transformers."
+    mods = _modules("import qwen3vl_l50_nbdev.encoder")
+    assert "torch" in mods and not mods & set(HEAVY), sorted(mods & set(HEAVY))
+
+
+def test_cli_help_imports_no_torch():
+    "`qwen3vl-l50 --help` needs argparse, not torch: the CLI module and its parser import none of the heavy ones."
+    mods = _modules("from qwen3vl_l50_nbdev.cli import parser\nparser().format_help()")
+    assert not mods & {"torch", "numpy", *HEAVY}, sorted(mods & {"torch", "numpy", *HEAVY})
+
+
+def test_encode_imports_no_transformers(tmp_path):
+    "`encode` on an inputs file imports torch and the encoder, not transformers, pandas or matplotlib."
+    import torch
+    from safetensors.torch import save_file
+    from qwen3vl_l50_nbdev.config import tiny
+    from qwen3vl_l50_nbdev.tiny import make_tiny_checkpoint, synthetic_inputs
+    cfg = tiny(selected_layer=2)
+    ckpt = make_tiny_checkpoint(tmp_path / "m", cfg)
+    save_file({k: v.contiguous() for k, v in synthetic_inputs(cfg).items()}, tmp_path / "in.safetensors")
+    mods = _modules(f"import torch; torch.set_num_threads(1)\nfrom qwen3vl_l50_nbdev.cli import main\n"
+                    f"assert main(['encode', '--model', {str(ckpt)!r}, '--layer', '2', '--inputs', "
+                    f"{str(tmp_path / 'in.safetensors')!r}, '--out', {str(tmp_path / 'h.safetensors')!r}]) == 0")
+    assert (tmp_path / "h.safetensors").exists() and "torch" in mods and "safetensors" in mods
+    assert not mods & set(HEAVY), sorted(mods & set(HEAVY))
+    del torch
+
