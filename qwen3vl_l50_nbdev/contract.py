@@ -8,6 +8,7 @@ __all__ = ['FAST_BOUND', 'TP_BOUND', 'FP8_BOUND', 'parity', 'why', 'Variant', 'c
 # %% ../nbs/11c_contract.ipynb #ad6b16dc
 from typing import NamedTuple
 import torch
+from .settings import Numerics
 from .metrics import diff_table
 
 # %% ../nbs/11c_contract.ipynb #aaf1aecd
@@ -81,6 +82,12 @@ class Variant(NamedTuple):
         return " ".join([f"tp{self.tp}", *([f"{self.reduce}-reduce"] if self.tp > 1 else []), self.mode,
                          *([f"fp8-{self.granularity}"] if self.quant == "fp8" else []),
                          *(["fp8-blocks"] if self.quant == "blocks" else [])])
+
+    def numerics(self) -> Numerics:
+        "The encoder's settings for this variant, in bf16 (a block-FP8 checkpoint's FP8 comes from the checkpoint)."
+        fp8 = self.quant == "fp8"
+        return Numerics(reduce=self.reduce if self.tp > 1 else "fp32", quant="fp8" if fp8 else None,
+                        fp8_granularity=self.granularity if fp8 else "channel", mode=self.mode)
 
 
 # %% ../nbs/11c_contract.ipynb #c93437e0

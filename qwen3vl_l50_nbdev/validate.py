@@ -23,9 +23,7 @@ from tqdm.auto import tqdm
 import qwen3vl_l50_nbdev
 from .config import EncoderConfig
 from .dist import encoder_group, init_world, gather_objects, is_rank0, agree
-from .tp import REDUCE_MODES
-from .fp8 import GRANULARITIES
-from .fast import MODES
+from .settings import REDUCE_MODES, GRANULARITIES, MODES, QUANTS as _QUANTS
 from .encoder import Encoder
 from .inputs import Processor
 from .prompts import read_prompts, process_prompts
@@ -38,7 +36,7 @@ from .metrics import diff_row, layer_states
 from .provenance import git_commit, provenance
 
 # %% ../nbs/14_validate.ipynb #bbedcbad
-QUANTS = ("none", "fp8")
+QUANTS = tuple(q or "none" for q in _QUANTS)   # settings.QUANTS as the comma lists write them
 
 def parse_list(flag: str, text: str, choices=None, cast=str) -> list:
     "A comma-separated option value as a list, each item cast and checked against `choices`; `ValueError` naming it."
@@ -50,12 +48,12 @@ def parse_list(flag: str, text: str, choices=None, cast=str) -> list:
         raise ValueError(f"{flag} {text!r}: unknown value {bad[0]!r}; choose from {', '.join(map(str, choices))}")
     return list(dict.fromkeys(vals))
 
-def variants(tp="1", reduce="fp32", quant="none", granularity="channel", mode="exact") -> list[Variant]:
+def variants(tp="1", reduce="fp32", quant="none", fp8_granularity="channel", mode="exact") -> list[Variant]:
     "Every variant of the comma-separated lists (as the command's options), without duplicates."
     tps = parse_list("--tp", tp, cast=int)
     if bad := [t for t in tps if t < 1]: raise ValueError(f"--tp {tp!r}: {bad[0]} ranks; TP sizes are 1 or more")
     lists = (tps, parse_list("--reduce", reduce, REDUCE_MODES), parse_list("--quant", quant, QUANTS),
-             parse_list("--fp8-granularity", granularity, GRANULARITIES), parse_list("--mode", mode, MODES))
+             parse_list("--fp8-granularity", fp8_granularity, GRANULARITIES), parse_list("--mode", mode, MODES))
     out = [Variant(t, r if t > 1 else "none", q, g if q == "fp8" else "none", m)
            for t, q, m, r, g in itertools.product(lists[0], lists[2], lists[4], lists[1], lists[3])]
     return list(dict.fromkeys(out))
@@ -155,14 +153,14 @@ def _share(states: dict | None, prompts: dict, layers: int, hidden: int, dtype, 
 REF_DTYPES = {"fp32": torch.float32, "fp64": torch.float64}
 
 def prepare(model, prompts_file, out, layer: int | None = None, tp="1", reduce="fp32", quant="none",
-            granularity="channel", mode="exact", ref_dtype: str = "fp32", max_pixels: int | None = None,
+            fp8_granularity="channel", mode="exact", ref_dtype: str = "fp32", max_pixels: int | None = None,
             only: list[Variant] | None = None):
     ("Every check before a weight is read; returns (config, variants, {id: encode inputs}, checkpoint). `only`: these "
      "variants instead of the lists' combinations.")
     world = dist.get_world_size() if dist.is_initialized() else 1
     agree(lambda: check_out_dir(out))
     if ref_dtype not in REF_DTYPES: raise ValueError(f"--ref-dtype {ref_dtype!r}: choose fp32 or fp64")
-    vs = list(only) if only else variants(tp, reduce, quant, granularity, mode)
+    vs = list(only) if only else variants(tp, reduce, quant, fp8_granularity, mode)
     if checkpoint_format(model) and any(v.quant == "fp8" for v in vs):
         raise ValueError(f"--quant fp8: {model} is a block-FP8 checkpoint (config.json's quantization_config), FP8 "
                          "already: validate it with --quant none (its variants run its own block-scaled FP8)")
@@ -178,13 +176,14 @@ def prepare(model, prompts_file, out, layer: int | None = None, tp="1", reduce="
 
 # %% ../nbs/14_validate.ipynb #381ff2e3
 def validate(model, prompts_file, out, layer: int | None = None, tp="1", reduce="fp32", quant="none",
-             granularity="channel", mode="exact", ref_dtype: str = "fp32", device=None, max_pixels: int | None = None,
+             fp8_granularity="channel", mode="exact", ref_dtype: str = "fp32", device=None,
+             max_pixels: int | None = None,
              perturb=None, progress: bool = True, command: str | None = None, report: bool = True,
              only: list[Variant] | None = None):
     ("Validate checkpoint `model` on the prompts of `prompts_file` for every variant of the lists given (or `only` "
      "these); rank 0 writes `out`/results.csv and the report and returns (results, verdicts), other ranks None.")
     dev = init_world(device)
-    cfg, vs, xs, ck = prepare(model, prompts_file, out, layer, tp, reduce, quant, granularity, mode, ref_dtype,
+    cfg, vs, xs, ck = prepare(model, prompts_file, out, layer, tp, reduce, quant, fp8_granularity, mode, ref_dtype,
                               max_pixels, only)
     n, rank0, rdt = cfg.selected_layer, is_rank0(), REF_DTYPES[ref_dtype]
     if ck.fmt is not None and block_kernel(dev) == "scaled_mm":   # block-scaled GEMMs: FP8's rule; else dequantized
@@ -198,9 +197,7 @@ def validate(model, prompts_file, out, layer: int | None = None, tp="1", reduce=
         bar.set_postfix_str(v.name)
         reset_peak(dev)
         group = encoder_group(v.tp) if dist.is_initialized() else None
-        enc = Encoder.from_pretrained(model, n, torch.bfloat16, dev, group, "fp32" if v.tp == 1 else v.reduce,
-                                      "fp8" if v.quant == "fp8" else None, v.granularity if v.quant == "fp8"
-                                      else "channel", progress=False, mode=v.mode)
+        enc = Encoder.from_pretrained(model, n, device=dev, group=group, progress=False, **v.numerics().kwargs())
         vrows = []
         if enc.is_loaded:
             if perturb is not None: perturb(enc, v)
