@@ -4,7 +4,7 @@
 
 # %% auto #0
 __all__ = ['LENGTHS', 'PICTURES', 'REFS', 'decoder_flops', 'gemm_peak', 'hbm_bandwidth', 'floor_ms', 'cases', 'round_ratios',
-           'run', 'main', 'gemm_floor', 'gemm_table']
+           'run', 'command', 'gemm_floor', 'gemm_table']
 
 # %% ../../nbs/analysis/04a_speed_bench.ipynb #1ef5b510
 import argparse
@@ -182,9 +182,9 @@ def run(cfg: EncoderConfig, full: bool, device, reps: int = 5, variants=("hf_eag
     return df.assign(gemm_peak_tflops=peak, hbm_gbps=bw)
 
 # %% ../../nbs/analysis/04a_speed_bench.ipynb #a9ba5e88
-def main(argv=None) -> int:
+def command(argv=None) -> int:
     "`python -m qwen3vl_l50_nbdev.analysis speed [--full]`: the benchmark; writes its CSV with provenance."
-    p = argparse.ArgumentParser(prog="python -m qwen3vl_l50_nbdev.analysis speed", description=main.__doc__)
+    p = argparse.ArgumentParser(prog="python -m qwen3vl_l50_nbdev.analysis speed", description=command.__doc__)
     p.add_argument("--full", action="store_true", help="Qwen3-VL-32B dimensions on CUDA (default: tiny(3) on the CPU)")
     p.add_argument("--layers", type=int, default=50, help="decoder layers with --full")
     p.add_argument("--fp8", action="store_true", help="then the text cases again in FP8 fast mode (HF freed)")
