@@ -390,10 +390,10 @@ def parser() -> argparse.ArgumentParser:
     raw = argparse.RawDescriptionHelpFormatter
     p = argparse.ArgumentParser(prog="qwen3vl-l50", description="Tensor-parallel Qwen3-VL layer-N encoder.",
                                 formatter_class=raw, epilog="examples:\n" + "\n".join(
-                                    f"  {c.example}" for c in COMMANDS.values()))
+                                    c.example for c in COMMANDS.values()))
     sub = p.add_subparsers(dest="cmd", required=True)
     for name, c in COMMANDS.items():
-        s = sub.add_parser(name, help=c.help, description=c.help, epilog=f"example:\n  {c.example}",
+        s = sub.add_parser(name, help=c.help, description=c.help, epilog=f"example: {c.example}",
                            formatter_class=raw)
         for add in c.args: add(s)
     return p

@@ -83,7 +83,7 @@ COMMANDS = {   # command: (module of the harness, its entry point, what it measu
     "speed": ("speed", "command", "ours against HF on one GPU: exact, fast, FP8 (04a_speed_bench)"),
     "tp": ("tp_speed", "command", "tensor parallelism under torchrun: TP 1 against TP 2, sums, profile (05_tp_speed)"),
     "fp8-blocks": ("fp8_blocks", "command", "block-FP8 checkpoints: error, speed, GEMMs (03b_fp8_blocks)"),
-    "offload": ("offload_bench", "command", "CPU and layer-wise offload against host-to-device copy (06_offload_bench)"),
+    "offload": ("offload_bench", "command", "CPU and layer-wise offload, timed (06_offload_bench)"),
     "dataset": ("dataset_bench", "command", "encode-dataset's batches against one call a prompt (07a_dataset_bench)"),
     "validate": ("validate_bench", "command", "`validate` on a 32B-dimension checkpoint (08_validate_bench)"),
     "sweep": ("__main__", "sweep_main", "per-layer errors of every TP size, reduction and quantization (00a_sweep)"),
