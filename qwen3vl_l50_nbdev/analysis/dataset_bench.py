@@ -129,7 +129,7 @@ def run(cfg: EncoderConfig, n: int, device, batch_tokens=(8192,), fp8: bool = Tr
                      dataset_vs_encode_rel_l2_max=max(err), wall_s=time.time() - t0)
 
 # %% ../../nbs/analysis/07a_dataset_bench.ipynb #d867e780
-TARGETS = {"bf16 of the GEMM-bound limit": 0.8, "FP8 / bf16": 1.5, "2 replicas / 1": 1.9}   # issue #29
+TARGETS = {"bf16 of the GEMM-bound limit": 0.8, "FP8 / bf16": 1.5, "2 replicas / 1": 1.9}   # the goals
 
 def targets(df: pd.DataFrame) -> pd.DataFrame:
     "The issue's targets, each with its measured value (NaN: not measured in this run) and whether it is met."
