@@ -416,7 +416,7 @@ def test_signal_swallowed_by_a_c_call_is_still_an_interrupt(error, monkeypatch, 
             time.sleep(5)   # the handler raises here
         except BaseException: pass   # as torch's tensor constructor did with it
         raise error("could not determine the shape of object type 'torch.storage.UntypedStorage'")
-    monkeypatch.setattr(cli, "cmd_make_tiny", swallows)
+    monkeypatch.setitem(cli.COMMANDS, "make-tiny", cli.COMMANDS["make-tiny"]._replace(run=swallows))
     rc = main(["make-tiny", str(tmp_path / "tiny")])
     err = capsys.readouterr().err
     assert rc == 128 + signal.SIGTERM and err == "qwen3vl-l50 make-tiny: interrupted by SIGTERM\n", err
@@ -427,7 +427,7 @@ def test_errors_without_a_signal_are_not_interrupts(monkeypatch, tmp_path):
     "An error of another kind, with no signal, is not dressed up: it propagates (a traceback: a bug to report)."
     from qwen3vl_l50_nbdev import cli
     def fails(a): raise RuntimeError("a bug")
-    monkeypatch.setattr(cli, "cmd_make_tiny", fails)
+    monkeypatch.setitem(cli.COMMANDS, "make-tiny", cli.COMMANDS["make-tiny"]._replace(run=fails))
     with pytest.raises(RuntimeError, match="a bug"): main(["make-tiny", str(tmp_path / "tiny")])
 
 
