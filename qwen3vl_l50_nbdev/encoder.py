@@ -224,7 +224,7 @@ def from_pretrained(cls: Encoder, path, selected_layer: int = 50, dtype=torch.bf
         device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else "cpu"
     fp8_gemms = blocks is not None and block_kernel(device) == "scaled_mm"   # else dequantized to `dtype` on load
     with projections_on_meta() if fp8_gemms else contextlib.nullcontext():   # never a bf16 copy of FP8 projections
-        enc = cls(cfg, group, reduce, dtype, "cpu" if offload else device, mode, fast)   # offloaded: into host memory
+        enc = cls(cfg, group, reduce, dtype, "cpu" if offload else device)   # offloaded: into host memory
     if fp8_gemms:
         fp8 = {k for k, e in check_checkpoint(path, enc).items() if e.scale}
         block_fp8_model_(enc.text, blocks.block, fp8, device=enc.device)
@@ -232,6 +232,7 @@ def from_pretrained(cls: Encoder, path, selected_layer: int = 50, dtype=torch.bf
                                      group=group)
     # online FP8: the decoder projections only
     if quant == "fp8": quantize_model_(enc.text, fp8_granularity, fp8_act)
+    if mode == "fast": apply_fast(enc, fast or FastConfig())   # after FP8: it swaps the layers FP8 made too
     if offload: enc.device = torch.device(device); enc.set_offload(offload, ring)
     elif enc.mode == "fast" and enc.fast.warmup: enc.warmup_s = warmup(enc)   # CUDA: no later call compiles
     return enc

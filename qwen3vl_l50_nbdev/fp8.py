@@ -125,7 +125,7 @@ class Fp8RowParallelLinear(RowSum, nn.Module):
     def __init__(self, lin: RowParallelLinear, granularity: str = "channel", act: str = "token"):
         super().__init__()
         check_fp8_modes(granularity, act)
-        self.group, self.reduce, self.sums = lin.group, lin.reduce, lin.sums   # `sums`: fast mode's, if it gave one
+        self.group, self.reduce = lin.group, lin.reduce
         self.granularity, self.act, self.bias = granularity, act, lin.bias
         w, s = quantize_weight(lin.weight.data, granularity, lin.group)   # MAX over the group: the full row's scale
         self.weight = nn.Parameter(w, requires_grad=False)

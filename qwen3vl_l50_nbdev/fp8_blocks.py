@@ -323,7 +323,7 @@ class BlockFp8RowParallelLinear(RowSum, nn.Module):
     shard_dim, padding = 1, 0
     def __init__(self, lin: RowParallelLinear, block=(128, 128)):
         super().__init__()
-        self.group, self.reduce, self.sums, self.bias = lin.group, lin.reduce, lin.sums, lin.bias
+        self.group, self.reduce, self.bias = lin.group, lin.reduce, lin.bias
         self.block = tuple(block)
         _whole_blocks("input", lin.weight.shape[1], block[1], lin, "columns")
         self.weight, scale = _empty_blocks(lin, block)

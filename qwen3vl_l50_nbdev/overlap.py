@@ -9,6 +9,7 @@ __all__ = ['STAGES', 'add_sum', 'attn_in', 'attend', 'attn_partial', 'mlp_in', '
 import torch
 from .dist import sum_terms
 from .deepstack import inject
+from .fast_layers import Fp32TextModel
 
 # %% ../nbs/08b_overlap.ipynb #12e92928
 def add_sum(x: torch.Tensor, terms) -> torch.Tensor:
@@ -41,28 +42,31 @@ def mlp_partial(layer, hidden: torch.Tensor) -> torch.Tensor:
 STAGES = (attn_in, attend, attn_partial, mlp_in, mlp_partial)   # in order; fast mode compiles each (`fast.compile_`)
 
 # %% ../nbs/08b_overlap.ipynb #7797131f
-def _start(row, x: torch.Tensor, slot: int):
-    "The sum over the group of `x`, a partial of the row-parallel layer `row`, started through `row.sums` or its group."
-    return (row.group if row.sums is None else row.sums).sum_start(x, row.acc, slot)
+def _start(row, x: torch.Tensor, slot: int, sums=None):
+    "The sum over the group of `x`, a partial of the row-parallel layer `row`, started through `sums` or its group."
+    return (row.group if sums is None else sums).sum_start(x, row.acc, slot)
 
 def overlapped(text, h: torch.Tensor, positions: torch.Tensor, visual_mask=None, deepstack: list | None = None,
-               lens: list[int] | None = None, stages: tuple = STAGES) -> torch.Tensor:
-    ("`text.TextModel.forward`'s result, its layers run on two row halves, each half's sums over the group in flight "
-     "while the other half computes; `stages`: `STAGES` or fast mode's compiled copies.")
-    dtype, fp32 = h.dtype, text.fp32   # fast mode's fp32: the tables and the residual stream
-    cos, sin = text.rotary(positions, torch.float32 if fp32 else dtype)
+               lens: list[int] | None = None, stages: tuple = STAGES, sums=None) -> torch.Tensor:
+    ("`text(h, ...)`'s result, its layers run on two row halves, each half's sums over the group in flight while the "
+     "other half computes; `stages`: `STAGES` or fast mode's compiled copies; `sums`: fast mode's "
+     "`dist.SymmetricSums` (None: the group's sums).")
+    dtype = h.dtype
+    stream = torch.float32 if isinstance(text, Fp32TextModel) else dtype   # fast mode's fp32: tables and residual
+    cos, sin = text.rotary(positions, stream)
     attn_in, attend, attn_partial, mlp_in, mlp_partial = stages
-    xs, mlp = list((h.float() if fp32 else h).tensor_split(2)), [None, None]   # the halves, each one's pending MLP sum
+    xs, mlp = list(h.to(stream).tensor_split(2)), [None, None]   # the halves, each one's pending MLP sum
     for i, layer in enumerate(text.layers):
         qkv = []
         for c in (0, 1):
             xs[c], *t = attn_in(layer, xs[c], *(mlp[c].wait() if mlp[c] else ()))
             qkv.append(t)
         o = attend(layer, *(torch.cat(t) for t in zip(*qkv)), cos, sin, lens)   # attention over all rows
-        att = [_start(layer.self_attn.o_proj, attn_partial(layer, oc), c) for c, oc in enumerate(o.tensor_split(2))]
+        att = [_start(layer.self_attn.o_proj, attn_partial(layer, oc), c, sums)
+               for c, oc in enumerate(o.tensor_split(2))]
         for c in (0, 1):   # four sums a layer, a slot each: every one is waited for before its slot comes round
             xs[c], hidden = mlp_in(layer, xs[c], *att[c].wait())
-            mlp[c] = _start(layer.mlp.down_proj, mlp_partial(layer, hidden), 2 + c)
+            mlp[c] = _start(layer.mlp.down_proj, mlp_partial(layer, hidden), 2 + c, sums)
         if deepstack is not None and i < len(deepstack):   # DeepStack adds to whole rows: finish this layer first
             h = inject(torch.cat([add_sum(x, m.wait()) for x, m in zip(xs, mlp)]), visual_mask, deepstack[i])
             xs, mlp = list(h.tensor_split(2)), [None, None]

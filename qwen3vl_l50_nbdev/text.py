@@ -6,18 +6,15 @@
 __all__ = ['TP_PLAN', 'Plan', 'tp_layer', 'RMSNorm', 'attend_each', 'Attention', 'MLP', 'DecoderLayer', 'TextModel']
 
 # %% ../nbs/05_text.ipynb #918276bd
-import contextlib
 from typing import NamedTuple
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-from torch.nn.attention import sdpa_kernel, SDPBackend
 from .config import TextConfig
 from .dist import Group
 from .tp import STYLES, divide
 from .rope import TextRotary, apply_rotary
 from .deepstack import inject
-from .vision import varlen_flash
 
 # %% ../nbs/05_text.ipynb #cfb913f7
 class Plan(NamedTuple):
@@ -45,45 +42,34 @@ def tp_layer(name: str, *args, **kw) -> nn.Module:
 
 # %% ../nbs/05_text.ipynb #34123512
 class RMSNorm(nn.Module):
-    ("Root-mean-square norm over the last dim: normalise in fp32, round to the input dtype, then scale (HF's order); "
-     "`fp32` (fast mode): scale in fp32 and round once, to `out` (default the weight's dtype: the model's).")
+    "Root-mean-square norm over the last dim: normalise in fp32, round to the input dtype, then scale (HF's order)."
     def __init__(self, dim: int, eps: float = 1e-6, dtype=torch.bfloat16, device=None):
         super().__init__()
-        self.eps, self.fp32 = eps, False
+        self.eps = eps
         self.weight = nn.Parameter(torch.empty(dim, dtype=dtype, device=device), requires_grad=False)
 
-    def forward(self, x: torch.Tensor, out: torch.dtype | None = None) -> torch.Tensor:
+    def forward(self, x: torch.Tensor) -> torch.Tensor: return self.weight * self.normed(x).to(x.dtype)
+
+    def normed(self, x: torch.Tensor) -> torch.Tensor:
+        "`x` divided by its root mean square over the last dim, in fp32."
         h = x.float()
-        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
-        if self.fp32: return (self.weight.float() * h).to(out or self.weight.dtype)
-        return self.weight * h.to(x.dtype)
+        return h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
 
 # %% ../nbs/05_text.ipynb #a61a4267
 @torch.compiler.disable   # outside any compiled graph: the number of packed prompts must not specialise a layer
-def attend_each(attend, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lens, varlen_from: int | None = None,
-                scale: float | None = None) -> torch.Tensor:
-    ("`attend` of each packed prompt's rows of q, k, v [heads, seq, head_dim], concatenated; `lens` a list or tensor. "
-     "`varlen_from` (fast mode, CUDA, half types): more rows than this attend in one `vision.varlen_flash` call, fewer "
-     "(a CUDA graph's: it cannot capture that call's host offsets) one flash call a prompt, which takes any length as "
-     "it comes (cuDNN's, Hopper's default, builds a plan for every new length).")
+def attend_each(attend, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lens) -> torch.Tensor:
+    "`attend` of each packed prompt's rows of q, k, v [heads, seq, head_dim], concatenated; `lens` a list or tensor."
     lens = lens.tolist() if torch.is_tensor(lens) else list(lens)
-    flash = varlen_from is not None and q.is_cuda and q.dtype in (torch.float16, torch.bfloat16)   # no fp32 flash
-    if flash and q.shape[1] > varlen_from and (o := varlen_flash(*(t.transpose(0, 1) for t in (q, k, v)), lens,
-                                                                scale or q.shape[-1] ** -0.5, causal=True)) is not None:
-        return o.transpose(0, 1)[None]
-    with sdpa_kernel(SDPBackend.FLASH_ATTENTION) if flash else contextlib.nullcontext():
-        return torch.cat([attend(*qkv) for qkv in zip(*(t.split(lens, 1) for t in (q, k, v)))], 2)
+    return torch.cat([attend(*qkv) for qkv in zip(*(t.split(lens, 1) for t in (q, k, v)))], 2)
 
 class Attention(nn.Module):
-    ("Causal GQA self-attention, heads split over the group: column-parallel q|k|v, row-parallel o; `fp32` (fast "
-     "mode): q/k norm and M-RoPE in fp32, rounded once.")
+    "Causal GQA self-attention, heads split over the group: column-parallel q|k|v, row-parallel o."
     def __init__(self, cfg: TextConfig, group: Group | None = None, reduce: str = "fp32",
                  dtype=torch.bfloat16, device=None):
         super().__init__()
         g, nh, nkv, hd = group or Group.local(), cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
         divide(nkv, g.size, "num_key_value_heads")   # name the culprit before ColumnParallelLinear does
         self.head_dim, self.scale, self.gqa = hd, hd ** -0.5, nh > nkv   # HF passes enable_gqa when kv heads are shared
-        self.fp32, self.varlen_from = False, None   # fast mode's (`fast.set_fused_`)
         self.qkv_proj = tp_layer("layers.{i}.self_attn.qkv_proj", cfg.hidden_size, [nh * hd, nkv * hd, nkv * hd], g,
                                  dtype=dtype, device=device)
         self.q_norm = RMSNorm(hd, cfg.rms_norm_eps, dtype, device)
@@ -98,29 +84,37 @@ class Attention(nn.Module):
 
     def attend(self, q, k, v, cos: torch.Tensor, sin: torch.Tensor, lens: list[int] | None = None) -> torch.Tensor:
         "q/k norm, M-RoPE and causal attention of projected rows: [seq, heads * head_dim], the input of `o_proj`."
-        s, hd, dt = q.shape[0], self.head_dim, q.dtype
-        rot = torch.float32 if self.fp32 else dt   # fast mode: normed and rotated in fp32, rounded once after
-        q = self.q_norm(q.view(s, -1, hd), rot).transpose(0, 1)   # (heads, seq, head_dim)
-        k = self.k_norm(k.view(s, -1, hd), rot).transpose(0, 1)
-        v = v.view(s, -1, hd).transpose(0, 1)
-        q, k = (t.to(dt) for t in apply_rotary(q, k, cos.to(rot), sin.to(rot)))
-        # 4-D like HF's [batch, heads, seq, hd]: on CPU, 3-D inputs take SDPA's math kernel (different bits)
-        attend = lambda q, k, v: F.scaled_dot_product_attention(q[None], k[None], v[None], is_causal=True,
-                                                                scale=self.scale, enable_gqa=self.gqa)
-        o = (attend(q, k, v) if lens is None or len(lens) == 1
-             else attend_each(attend, q, k, v, lens, self.varlen_from, self.scale))
+        s = q.shape[0]
+        q, k, v = self.heads(q, k, v, cos, sin)
+        o = self.sdpa(q, k, v) if lens is None or len(lens) == 1 else self.packed(q, k, v, lens)
         return o[0].transpose(0, 1).reshape(s, -1)   # (seq, heads * head_dim)
+
+    def heads(self, q, k, v, cos: torch.Tensor, sin: torch.Tensor) -> tuple:
+        "Projected rows as heads [heads, seq, head_dim]: q and k normed per head and rotated by M-RoPE."
+        s, hd = q.shape[0], self.head_dim
+        q, k, v = (t.view(s, -1, hd) for t in (q, k, v))   # (seq, heads, head_dim)
+        q, k = apply_rotary(self.q_norm(q).transpose(0, 1), self.k_norm(k).transpose(0, 1), cos, sin)
+        return q, k, v.transpose(0, 1)
+
+    def sdpa(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        "Causal attention of q, k, v [heads, seq, head_dim]: [1, heads, seq, head_dim]."
+        # 4-D like HF's [batch, heads, seq, hd]: on CPU, 3-D inputs take SDPA's math kernel (different bits)
+        return F.scaled_dot_product_attention(q[None], k[None], v[None], is_causal=True, scale=self.scale,
+                                              enable_gqa=self.gqa)
+
+    def packed(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lens) -> torch.Tensor:
+        "`sdpa` of each packed prompt (`lens`: their lengths) within itself, one call a prompt (`attend_each`)."
+        return attend_each(self.sdpa, q, k, v, lens)
 
 # %% ../nbs/05_text.ipynb #cd831bb7
 class MLP(nn.Module):
-    "SwiGLU: column-parallel gate|up, `silu(gate) * up` (`fp32`, fast mode: in fp32, rounded once), row-parallel down."
+    "SwiGLU: column-parallel gate|up, `silu(gate) * up`, row-parallel down."
     def __init__(self, cfg: TextConfig, group: Group | None = None, reduce: str = "fp32",
                  dtype=torch.bfloat16, device=None):
         super().__init__()
         if cfg.hidden_act != "silu": raise ValueError(f"hidden_act={cfg.hidden_act!r}: the Qwen3-VL text MLP is 'silu'")
         g, H, M = group or Group.local(), cfg.hidden_size, cfg.intermediate_size
         divide(M, g.size, "intermediate_size")
-        self.fp32 = False
         self.gate_up_proj = tp_layer("layers.{i}.mlp.gate_up_proj", H, [M, M], g, dtype=dtype, device=device)
         self.down_proj = tp_layer("layers.{i}.mlp.down_proj", M, H, g, reduce=reduce, dtype=dtype, device=device)
 
@@ -129,17 +123,14 @@ class MLP(nn.Module):
     def hidden(self, x: torch.Tensor) -> torch.Tensor:
         "`silu(gate) * up` of the rows `x`: this rank's slice of the MLP's activations, the input of `down_proj`."
         gate, up = self.gate_up_proj(x)
-        if self.fp32: return (F.silu(gate.float()) * up.float()).to(x.dtype)
         return F.silu(gate) * up
 
 # %% ../nbs/05_text.ipynb #77f7b7ab
 class DecoderLayer(nn.Module):
-    ("Pre-norm residual attention and MLP blocks on a replicated `[seq, hidden]` state; `fp32` (fast mode): the "
-     "residual stream in fp32 (`x` and the output), rounded only where a GEMM reads it.")
+    "Pre-norm residual attention and MLP blocks on a replicated `[seq, hidden]` state."
     def __init__(self, cfg: TextConfig, group: Group | None = None, reduce: str = "fp32",
                  dtype=torch.bfloat16, device=None):
         super().__init__()
-        self.fp32 = False
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype, device)
         self.self_attn = Attention(cfg, group, reduce, dtype, device)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype, device)
@@ -148,16 +139,12 @@ class DecoderLayer(nn.Module):
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, lens: list[int] | None = None
                 ) -> torch.Tensor:
         "`x` [seq, hidden]; `cos`, `sin` [seq, head_dim] from `TextRotary`; `lens`: packed prompts' lengths."
-        if self.fp32:   # the norms round to the model dtype for the GEMMs; the sums stay in fp32
-            h = x.float() + self.self_attn(self.input_layernorm(x), cos, sin, lens).float()
-            return h + self.mlp(self.post_attention_layernorm(h)).float()
         h = x + self.self_attn(self.input_layernorm(x), cos, sin, lens)
         return h + self.mlp(self.post_attention_layernorm(h))
 
 # %% ../nbs/05_text.ipynb #5a2a8d1f
 class TextModel(nn.Module):
-    ("Embedding, the first `num_layers` decoder layers and M-RoPE; forward returns the unnormalized last state. "
-     "`fp32` (fast mode): the rotary tables and the residual stream in fp32, rounded to the model dtype at the end.")
+    "Embedding, the first `num_layers` decoder layers and M-RoPE; forward returns the unnormalized last state."
     def __init__(self, cfg: TextConfig, num_layers: int, group: Group | None = None, reduce: str = "fp32",
                  dtype=torch.bfloat16, device=None):
         super().__init__()
@@ -166,15 +153,15 @@ class TextModel(nn.Module):
                              f"keep 1..{cfg.num_hidden_layers}")
         self.embed_tokens = tp_layer("embed_tokens", cfg.vocab_size, cfg.hidden_size, group, dtype, device)
         self.layers = nn.ModuleList(DecoderLayer(cfg, group, reduce, dtype, device) for _ in range(num_layers))
-        self.rotary, self.fp32 = TextRotary(cfg), False
+        self.rotary = TextRotary(cfg)
 
     def forward(self, inputs_embeds: torch.Tensor, positions: torch.Tensor, visual_mask: torch.Tensor | None = None,
                 deepstack: list[torch.Tensor] | None = None, lens: list[int] | None = None) -> torch.Tensor:
         ("`inputs_embeds` [seq, H], `positions` [3, seq]; DeepStack `deepstack[i]` added after layer i at the rows "
          "that `visual_mask` selects (a boolean mask [seq] or row indices); `lens`: packed prompts' lengths.")
-        cos, sin = self.rotary(positions, torch.float32 if self.fp32 else inputs_embeds.dtype)
-        h = inputs_embeds.float() if self.fp32 else inputs_embeds
+        cos, sin = self.rotary(positions, inputs_embeds.dtype)
+        h = inputs_embeds
         for i, layer in enumerate(self.layers):
             h = layer(h, cos, sin, lens)
             if deepstack is not None and i < len(deepstack): h = inject(h, visual_mask, deepstack[i])
-        return h.to(inputs_embeds.dtype)
+        return h

@@ -4,7 +4,7 @@
 
 # %% auto #0
 __all__ = ['REDUCES', 'REDUCE_MODES', 'STYLES', 'divide', 'shard', 'VocabParallelEmbedding', 'projections_on_meta',
-           'ColumnParallelLinear', 'Reduce', 'check_reduce', 'linear_window_', 'RowSum', 'RowParallelLinear']
+           'ColumnParallelLinear', 'Reduce', 'check_reduce', 'RowSum', 'RowParallelLinear']
 
 # %% ../nbs/02_tp.ipynb #09b03cbd
 import contextlib
@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-from .dist import Group, window_barrier
+from .dist import Group
 
 # %% ../nbs/02_tp.ipynb #1c3f5a50
 def divide(n: int, d: int, what: str = "size") -> int:
@@ -45,14 +45,16 @@ class VocabParallelEmbedding(nn.Module):
         self.start = self.group.rank * self.per_rank
         self.rows = max(0, min(self.per_rank, num_embeddings - self.start))   # this rank's real rows, then padding
         self.weight = nn.Parameter(torch.empty(self.per_rank, dim, dtype=dtype, device=device), requires_grad=False)
-        self.sums = None   # what sums over the group (None: the group): fast mode's `dist.SymmetricSums`
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         if self.group.size == 1: return F.embedding(ids, self.weight)
+        return self.group.all_reduce(self.lookup(ids))
+
+    def lookup(self, ids: torch.Tensor) -> torch.Tensor:
+        "This rank's term of the lookup: its rows for the ids in its range, zeros for the others."
         local = ids - self.start
         outside = (local < 0) | (local >= self.per_rank)
-        out = F.embedding(local.masked_fill(outside, 0), self.weight).masked_fill(outside[..., None], 0)
-        return (self.group if self.sums is None else self.sums).all_reduce(out)
+        return F.embedding(local.masked_fill(outside, 0), self.weight).masked_fill(outside[..., None], 0)
 
     def load(self, full_weight: torch.Tensor, split: None = None):
         "Copy this rank's rows from the full (unsharded, unpadded) table; the padding rows are zeros."
@@ -78,9 +80,9 @@ class ColumnParallelLinear(nn.Module):
     shard_dim = 0   # the weight's rows (output features) are split over the group, each logical split on its own
     padding = 0     # nothing added to the full weight: the group must divide every split
     def __init__(self, in_features: int, splits: list[int], group: Group | None = None, bias: bool = False,
-                 dtype=torch.bfloat16, device=None, fused: bool = False):
+                 dtype=torch.bfloat16, device=None):
         super().__init__()
-        self.group, self.fused, self.splits = group or Group.local(), fused, list(splits)
+        self.group, self.splits = group or Group.local(), list(splits)
         self.local_splits = [divide(s, self.group.size, "output size") for s in splits]
         device = "meta" if _ON_META.get() else device
         self.weight = nn.Parameter(torch.empty(sum(self.local_splits), in_features, dtype=dtype, device=device),
@@ -89,7 +91,6 @@ class ColumnParallelLinear(nn.Module):
                      if bias else None)
 
     def forward(self, x: torch.Tensor) -> list[torch.Tensor]:
-        if self.fused: return list(F.linear(x, self.weight, self.bias).split(self.local_splits, -1))
         ws = self.weight.split(self.local_splits)
         bs = self.bias.split(self.local_splits) if self.bias is not None else [None] * len(ws)
         return [F.linear(x, w, b) for w, b in zip(ws, bs)]
@@ -132,24 +133,9 @@ def check_reduce(reduce: str) -> str:
     if reduce not in REDUCES: raise ValueError(f"reduce={reduce!r}: choose one of {REDUCE_MODES}")
     return reduce
 
-def _rows(buf: torch.Tensor, n: int, m: int, dtype) -> torch.Tensor:
-    "The first `n * m` elements of a byte buffer, as an `[n, m]` matrix of `dtype`."
-    return buf[:n * m * dtype.itemsize].view(dtype).view(n, m)
-
-@torch.library.custom_op("qwen3vl_l50_nbdev::linear_window_", mutates_args=("mine", "theirs"))
-def linear_window_(x: torch.Tensor, w: torch.Tensor, mine: torch.Tensor, theirs: torch.Tensor, key: str,
-                   window: int) -> None:
-    ("`x @ w.T` into this rank's window `mine` (`dist.Exchange.window`, of the exchange kept under `key`), then the "
-     "barrier: `theirs` holds the peer's product after it.")
-    torch.mm(x, w.t(), out=_rows(mine, x.shape[0], w.shape[0], x.dtype))
-    window_barrier(key, window)
-
-@linear_window_.register_fake
-def _(x, w, mine, theirs, key, window): return None
-
 class RowSum:
-    ("What every row-parallel linear shares (bf16 here, FP8 in `fp8`): its `partial` term, summed in `acc` through "
-     "`sums` (or the group), `finish`ed.")
+    ("What every row-parallel linear shares (bf16 here, FP8 in `fp8`): its `partial` term, summed over the group in "
+     "`acc`, `finish`ed.")
     @property
     def mode(self) -> Reduce: return REDUCES[self.reduce]
 
@@ -165,8 +151,7 @@ class RowSum:
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.group.size == 1: return self.finish(self.partial(x), x.dtype)
-        comm = self.group if self.sums is None else self.sums   # `is None`: no truth test of an object under dynamo
-        return self.finish(comm.all_reduce(self.partial(x), self.acc), x.dtype)
+        return self.finish(self.group.all_reduce(self.partial(x), self.acc), x.dtype)
 
 class RowParallelLinear(RowSum, nn.Module):
     "A linear whose input features are sharded over the group; partial outputs all-reduced per `reduce`."
@@ -181,7 +166,6 @@ class RowParallelLinear(RowSum, nn.Module):
                                                dtype=dtype, device=device), requires_grad=False)
         self.bias = (nn.Parameter(torch.empty(out_features, dtype=dtype, device=device), requires_grad=False)
                      if bias else None)
-        self.sums, self.window = None, None   # fast mode's `dist.SymmetricSums` and window (`fast.apply_fast`)
 
     def partial(self, x: torch.Tensor) -> torch.Tensor:
         "This rank's term of the output: its input columns times its weight columns (in fp32 for `fp32-partials`)."
@@ -190,13 +174,6 @@ class RowParallelLinear(RowSum, nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.group.size == 1: return F.linear(x, self.weight, self.bias)   # bias in the GEMM: nn.Linear's bits
-        n, m = x.shape[0], self.weight.shape[0]
-        if (self.window is not None and self.sums is not None and self.sums.exchange is not None
-                and self.mode.partials is None and x.dim() == 2 and x.is_cuda
-                and (s := self.sums.exchange.window(self.window, n * m * x.element_size()))):
-            linear_window_(x, self.weight, *s, self.sums.exchange.key, self.window)   # both ranks' partials
-            mine, theirs = (_rows(t, n, m, x.dtype) for t in s)
-            return self.finish(mine + theirs, x.dtype)
         return super().forward(x)
 
     def load(self, full_weight: torch.Tensor, split: None = None):

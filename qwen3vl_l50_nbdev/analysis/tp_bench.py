@@ -19,7 +19,7 @@ from ..dist import Group, encoder_group
 from ..tp import REDUCE_MODES
 from ..text import TP_PLAN
 from ..encoder import Encoder, HostCopy
-from ..fast import MODES, FastConfig
+from ..fast import MODES, FastConfig, apply_fast
 from ..fp8 import GRANULARITIES, quantize_model_
 from ..loading import checkpoint_tensors, checkpoint_name
 from ..metrics import diff_row, checksum
@@ -69,13 +69,13 @@ def rows_of(df: pd.DataFrame, v: Variant) -> pd.Series:
 
 # %% ../../nbs/analysis/05a_tp_bench.ipynb #a12d5cd7
 def build_ours(cfg: EncoderConfig, v: Variant, group: Group, device, seed: int = 0) -> Encoder:
-    ("Our encoder for `v` with `random_weights_(seed)`, made as `Encoder.from_pretrained` makes it: fast mode "
-     "applied as it is built (`COMM_MODES`: their `COMM_CONFIGS`), FP8 after the weights.")
+    ("Our encoder for `v` with `random_weights_(seed)`, made as `Encoder.from_pretrained` makes it: FP8 after the "
+     "weights, then fast mode (`COMM_MODES`: their `COMM_CONFIGS`).")
     mode = v.mode.split("-")[0]   # a COMM_MODES variant is fast mode with a config of its own
-    enc = random_weights_(Encoder(cfg, group, "fp32" if v.reduce == "none" else v.reduce, torch.bfloat16, device,
-                                  mode, COMM_CONFIGS.get(v.mode)), seed)
+    enc = random_weights_(Encoder(cfg, group, "fp32" if v.reduce == "none" else v.reduce, torch.bfloat16, device),
+                          seed)
     if v.quant != "none": quantize_model_(enc.text, *v.quant.split("-")[1:])
-    return enc
+    return apply_fast(enc, COMM_CONFIGS.get(v.mode, FastConfig()) if mode == "fast" else None)
 
 # %% ../../nbs/analysis/05a_tp_bench.ipynb #aff02051
 def weight_gib(model: nn.Module) -> float:

@@ -16,6 +16,7 @@ from ..dist import Group, SymmetricSums, sum_terms
 from ..fast import apply_fast
 from ..overlap import overlapped
 from ..tp import RowParallelLinear
+from ..fast_layers import WindowedRowParallelLinear, swap_
 from ..metrics import diff_row, checksum
 from ..rope import rope_index
 from .timing import graph_us, free_memory
@@ -57,6 +58,7 @@ def _gemm_sums(sums: SymmetricSums, n: int, hidden: int, k: int, device) -> dict
     "`sum_bench`'s GEMM columns: a row-parallel `[n, k] x [k, hidden]` alone, with the one-shot sum, in the windows."
     group = sums.group
     lin = RowParallelLinear(k * group.size, hidden, group, dtype=torch.bfloat16, device=device)
+    swap_(lin, {RowParallelLinear: WindowedRowParallelLinear})   # fast mode's variant, summing through `sums`
     lin.sums, lin.window = sums, 0
     lin.weight.data.normal_(0, 0.02)
     a = torch.randn(n, k, device=device, dtype=torch.bfloat16)
@@ -87,9 +89,9 @@ def overlap_check(cfg: EncoderConfig, group: Group, device, tokens: int = 2048, 
             raise RuntimeError(f"no overlapped schedule at {tokens} tokens here (overlap_from "
                                f"{enc.runner.overlap_from}): it needs 2 CUDA ranks with symmetric memory")
         on = enc.fast
+        over = lambda e=enc: overlapped(e.text, h, pos, mask, ds, lens, e.runner.stages, e.sums)
         cases = {"encode": (lambda e=enc: e.encode(**x),) * 2,   # (overlapped, plain): the runner chooses
-                 "DeepStack, 2 prompts": (lambda e=enc: overlapped(e.text, h, pos, mask, ds, lens, e.runner.stages),
-                                          lambda e=enc: e.text(h, pos, mask, ds, lens))}
+                 "DeepStack, 2 prompts": (over, lambda e=enc: e.text(h, pos, mask, ds, lens))}
         for name, (call, plain_call) in cases.items():
             with torch.inference_mode():
                 a, b = call(), call()
