@@ -14,6 +14,7 @@
 import argparse
 import ast
 import dataclasses
+import functools
 import importlib
 import inspect
 import io
@@ -205,7 +206,7 @@ def param_rows(obj):
     """Rows (name, type, default, comment) of a function's or a class's parameters and its return, when at least one
     has a docments comment (the comment after a parameter); else []."""
     from fastcore.docments import docments
-    try: sig, docs = inspect.signature(obj), docments(obj)
+    try: sig, docs = inspect.signature(obj), docments(obj, args_kwargs=True)
     except (TypeError, ValueError, OSError, SyntaxError): return []
     star = {inspect.Parameter.VAR_POSITIONAL: "*", inspect.Parameter.VAR_KEYWORD: "**"}
     rows = [(star.get(p.kind, "") + n, _type(p.annotation), _default(p.default), docs.get(n) or "")
@@ -220,8 +221,10 @@ def doc_table(rows, what):
     return "\n".join(["{.nbdev-params}", f"| {what} | type | default | details |", "|---|---|---|---|"]
                      + [f"| {code(n)} | {code(t)} | {code(d)} | {esc(c)} |" for n, t, d, c in rows])
 
+@functools.cache
 def _renderer():
-    "nbdev's show_doc renderer, plus a table of the parameters (when they have docments) or of a record's fields."
+    ("nbdev's show_doc renderer, plus a table of the parameters (when they have docments) or of a record's fields; "
+     "one class per process, made from nbdev's own the first time.")
     from nbdev.showdoc import BasicMarkdownRenderer
 
     class Renderer(BasicMarkdownRenderer):
@@ -493,6 +496,7 @@ def build(out=SITE, jobs=2, quiet=False):
     try: sections(nbs_path)
     except ValueError as e: sys.exit(f"docs: {e}")
     helps = [(mod, start_help(prog, mod, fn)) for prog, mod, fn in console_scripts(cfg)]
+    exports = exported()   # imports every module first: the workers forked below start with them (and torch) loaded
 
     with ProcessPoolExecutor(max(1, jobs), mp_context=get_context("fork")) as ex:
         futs = [ex.submit(process, p) for p in nb_list]
@@ -525,9 +529,12 @@ def build(out=SITE, jobs=2, quiet=False):
     home = "index.html" if "index.html" in conv else None
     for page, (p, cells, title, _) in conv.items():
         nb_dir = Path(p["path"]).resolve().parent
+        fix = lambda text: fix_links(text, page, pages, anchors, doc_root, nb_dir, nbs_path)
         for c in cells:
-            if c["cell_type"] == "markdown":
-                c["source"] = fix_links(c["source"], page, pages, anchors, doc_root, nb_dir, nbs_path)
+            if c["cell_type"] == "markdown": c["source"] = fix(c["source"])
+            for o in c.get("outputs", []):   # markdown a cell displays (`display(Markdown(...))`) links too
+                md = o.get("data", {}).get("text/markdown")
+                if md: o["data"]["text/markdown"] = fix("".join(md))
         if page == home: cells.append(_md(_toctrees(conv, nbs_path)))
         dest = SRC / Path(page).with_suffix(".ipynb")
         dest.parent.mkdir(parents=True, exist_ok=True)
@@ -539,7 +546,7 @@ def build(out=SITE, jobs=2, quiet=False):
         if f.is_file() and f.suffix not in _NOT_ASSETS and not any(x.startswith((".", "_")) for x in rel.parts):
             (SRC / rel).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(f, SRC / rel)
-    mods = dict(sorted(exported().items(), key=lambda kv: order.index(kv[1][0]) if kv[1][0] in order else len(order)))
+    mods = dict(sorted(exports.items(), key=lambda kv: order.index(kv[1][0]) if kv[1][0] in order else len(order)))
     (SRC / "api.md").write_text(api_page(mods, titles, anchors))
     if home is None:   # no nbs/index.ipynb yet: a stand-in home page, so the site still has one
         (SRC / "index.md").write_text(f"# {cfg.title}\n\n{cfg.description}\n\n" + _toctrees(conv, nbs_path))

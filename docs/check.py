@@ -40,7 +40,7 @@ class Page(HTMLParser):
         if tag == "script" and a.get("src"): self.assets.append(a["src"])
         if tag == "link" and {"stylesheet", "preload", "modulepreload"} & set((a.get("rel") or "").split()):
             self.assets.append(a.get("href") or "")
-        if tag in ("h3", "h4"): self.heads.append("")   # show_doc's headings
+        if tag in ("h2", "h3", "h4"): self.heads.append("")   # show_doc's: h2 on a page without sections
         if tag not in self._void: self._tags.append(tag)
 
     def handle_endtag(self, tag):
@@ -51,7 +51,7 @@ class Page(HTMLParser):
         if "script" in self._tags or "style" in self._tags: return
         self.text.append(data)
         if "h1" in self._tags: self.h1 += data
-        if {"h3", "h4"} & set(self._tags) and "a" not in self._tags: self.heads[-1] += data
+        if {"h2", "h3", "h4"} & set(self._tags) and "a" not in self._tags: self.heads[-1] += data
         if not {"code", "pre", "kbd", "samp", "math", "textarea"} & set(self._tags): self.prose.append(data)
 
 
@@ -77,10 +77,12 @@ def missing_pages(site, pages=None):
 def broken_links(site, pages=None):
     "Links (href, src) from one page of the site to a file or an anchor of the site that is not there."
     pages = pages if pages is not None else _pages(site)
-    probs = []
+    probs, own = [], build._cfg().doc_host.rstrip("/") + "/"   # the site's own host: its pages link relatively
     for name, page in pages.items():
         for link in page.links:
             u = urlsplit(link)
+            if own and link.startswith(own):
+                probs.append(f"{name}: {link} points at the published site, not at this page's neighbour"); continue
             if u.scheme or link.startswith("//") or not (u.path or u.fragment): continue
             target = (site / name).parent / unquote(u.path) if u.path else site / name
             target = target.resolve()
@@ -161,7 +163,8 @@ def out_of_order(site, pages=None):
             obj = getattr(m, n, None)
             if not (inspect.isclass(obj) or inspect.isfunction(obj)) or obj.__module__ != mod: continue
             if n not in heads: continue   # documented elsewhere, or not at all: `undocumented` says which
-            try: found.append((inspect.getsourcelines(obj)[1], heads.index(n), n))
+            at = len(heads) - 1 - heads[::-1].index(n)   # the last: a section may be named after what it defines
+            try: found.append((inspect.getsourcelines(obj)[1], at, n))
             except (OSError, TypeError): continue
         found.sort()
         probs += [f"{page}: {b[2]} is documented before {a[2]}, which the module defines first"

@@ -83,16 +83,18 @@ def test_navigation_shows_notebook_numbers(site):
 
 
 def test_checker_finds_problems(tmp_path):
-    "The checker itself: a missing file, a missing anchor and a link out of the site are reported; good links are not."
+    ("The checker itself: a missing file, a missing anchor, a link out of the site and an absolute link to the site's "
+     "own host are reported; good links are not.")
     (tmp_path / "sub").mkdir()
     (tmp_path / "index.html").write_text('<h1 id="top">T</h1><a href="sub/a.html#x">ok</a><a href="#top">ok</a>'
                                          '<a href="nope.html">bad</a><a href="sub/a.html#nope">bad</a>'
                                          '<img src="../outside.png"><a href="https://example.org/x">external</a>')
-    (tmp_path / "sub" / "a.html").write_text('<a id="x"></a><a href="../index.html#top">ok</a>')
+    (tmp_path / "sub" / "a.html").write_text('<a id="x"></a><a href="../index.html#top">ok</a>'
+                                              f'<a href="{build._cfg().doc_host.rstrip("/")}/tp.html#shard">own</a>')
     probs = check.broken_links(tmp_path)
-    assert len(probs) == 3, probs
+    assert len(probs) == 4, probs
     assert (any("nope.html" in p for p in probs) and any("#nope" in p for p in probs)
-            and any("leaves" in p for p in probs))
+            and any("leaves" in p for p in probs) and any("published site" in p for p in probs))
 
 
 def test_quarto_to_myst():
@@ -156,11 +158,12 @@ def test_api_in_source_order(site, tmp_path):
     assert check.out_of_order(site) == []
     for mod, (page, names) in build.exported().items():
         m, heads = importlib.import_module(mod), check.Page(site / page).heads
-        docd = sorted((inspect.getsourcelines(o)[1], n) for n, _ in names if n in heads
+        docd = sorted((inspect.getsourcelines(o)[1], n) for n, _ in names if heads.count(n) == 1
                       and (inspect.isfunction(o := getattr(m, n)) or inspect.isclass(o)) and o.__module__ == mod)
         if len(docd) >= 2: break
     (a, b), html = [n for _, n in docd[:2]], (site / page).read_text(encoding="utf-8")
-    swapped = html.replace(f"<h3>{a}<", "<h3>\0<").replace(f"<h3>{b}<", f"<h3>{a}<").replace("<h3>\0<", f"<h3>{b}<")
+    swap = {f">{a}<a class": f">{b}<a class", f">{b}<a class": f">{a}<a class"}   # the two show_doc headings
+    swapped = re.sub("|".join(map(re.escape, swap)), lambda m: swap[m.group(0)], html)
     (tmp_path / page).parent.mkdir(parents=True, exist_ok=True)
     (tmp_path / page).write_text(swapped, encoding="utf-8")
     assert check.out_of_order(tmp_path) == [f"{page}: {b} is documented before {a}, which the module defines first"]
@@ -200,6 +203,16 @@ def test_show_doc_tables():
     table = build.doc_table(rows, "field").splitlines()
     assert table[:2] == ["{.nbdev-params}", "| field | type | default | details |"]
     assert table[-1] == '| `tags` | `tuple` | `("a\\|b",)` |  |'
+
+
+def test_one_table_per_show_doc(site):
+    "Every show_doc section of the site has at most one parameter or field table, and the site has such tables."
+    tables = 0
+    for page in site.rglob("*.html"):
+        for part in re.split(r"<h[234][ >]", page.read_text(encoding="utf-8")):
+            assert part.count('<table class="nbdev-params') <= 1, page.name
+            tables += part.count('<table class="nbdev-params')
+    assert tables >= 20, tables
 
 
 def test_cli_page_opens_with_help(site):
