@@ -165,6 +165,8 @@ def _type(a):
     if a is inspect.Parameter.empty: return ""
     return re.sub(r"\b(?:[A-Za-z_]\w*\.)+(?=[A-Za-z_])", "", a if isinstance(a, str) else inspect.formatannotation(a))
 
+_re_modpath = re.compile(r"\b(?:[a-z_][a-z0-9_]*\.)+(?=[A-Z])")   # a module path before a class name
+
 def _default(d):
     if d is inspect.Parameter.empty: return ""
     return d.__name__ if isinstance(d, type) or inspect.isfunction(d) else repr(d)
@@ -228,14 +230,18 @@ def _renderer():
     from nbdev.showdoc import BasicMarkdownRenderer
 
     class Renderer(BasicMarkdownRenderer):
-        def _repr_markdown_(self):
+        def __init__(self, sym, **kw):
+            super().__init__(sym, **kw)
             rec = record(self.sym)
             if rec: (self.dm, rows), what = rec, "field"
             else:
                 rows, what = param_rows(self.sym), "parameter"
                 if rows:   # the table says what each is: the signature above it without the comments
                     for v in self.dm.dm.values(): v["docment"] = None
-            return super()._repr_markdown_() + (f"\n\n{doc_table(rows, what)}\n" if rows else "")
+                self.dm = _re_modpath.sub("", str(self.dm))   # `qwen3vl_l50_nbdev.dist.Group` -> `Group`
+            self.table = f"\n\n{doc_table(rows, what)}\n" if rows else ""
+
+        def _repr_markdown_(self): return super()._repr_markdown_() + self.table
     return Renderer
 
 def _plain(o):
