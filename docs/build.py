@@ -399,11 +399,17 @@ def fix_links(text, page, pages, anchors, doc_root, nb_dir, nbs):
 
 # -- the command line's help, at the top of its module's page ------------------------------------------------------
 # Run in a fresh interpreter (the package's imports, argparse's exit): the console script's `--help`, then the `--help`
-# of each command that the usage line lists (`{encode,check,...}`), epilogs and their examples included.
+# of each of its commands, epilogs and their examples included. The commands are read from the parser the script
+# builds (argparse keeps its sub-parsers in private attributes: there is no public way), else from the usage line.
 _HELP = """
-import contextlib, io, json, re, sys
+import argparse, contextlib, io, json, re, sys
 prog, mod, fn = sys.argv[1:]
 main = getattr(__import__(mod, fromlist=[fn]), fn)
+parsers, parse = [], argparse.ArgumentParser.parse_known_args
+def spy(self, *a, **k):
+    parsers.append(self)
+    return parse(self, *a, **k)
+argparse.ArgumentParser.parse_known_args = spy
 def help(*cmd):
     sys.argv, out = [prog, *cmd, "--help"], io.StringIO()
     with contextlib.redirect_stdout(out):
@@ -411,8 +417,12 @@ def help(*cmd):
         except SystemExit: pass
     return out.getvalue()
 top = help()
-cmds = re.search(r"[{]([\\w,-]+)[}]", top)
-cmds = cmds.group(1).split(",") if cmds else []
+subs = [a for p in parsers[:1] for a in p._actions if isinstance(a, argparse._SubParsersAction)]
+first = {}   # a command's first name (the others are its aliases)
+for a in subs:
+    for c, p in a.choices.items(): first.setdefault(id(p), c)
+cmds = list(first.values())
+if not subs: cmds = (m := re.search(r"[{]([\\w,-]+)[}]", top)) and m.group(1).split(",") or []
 print("\\n" + json.dumps([[prog, top]] + [[f"{prog} {c}", help(c)] for c in cmds]))
 """
 
