@@ -59,20 +59,20 @@ def _rope_kind(rope: dict, where: str) -> tuple[str, float]:
 @dataclass(frozen=True)
 class TextConfig:
     "The Qwen3-VL text decoder (the part that is tensor-parallel)."
-    vocab_size: int = 151936
-    hidden_size: int = 5120
-    intermediate_size: int = 25600
-    num_hidden_layers: int = 64
-    num_attention_heads: int = 64
-    num_key_value_heads: int = 8
+    vocab_size: int = 151936            # rows of the token embedding
+    hidden_size: int = 5120             # width of the residual stream
+    intermediate_size: int = 25600      # width of the MLP (gate and up projections)
+    num_hidden_layers: int = 64         # decoder layers of the checkpoint (the encoder keeps N)
+    num_attention_heads: int = 64       # query heads
+    num_key_value_heads: int = 8        # key/value heads, each shared by a group of query heads
     head_dim: int = 128  # not hidden/heads: 128 for the 32B model
-    rms_norm_eps: float = 1e-6
-    rope_theta: float = 5_000_000.0
+    rms_norm_eps: float = 1e-6          # the epsilon of every RMSNorm
+    rope_theta: float = 5_000_000.0     # base of the rotary frequencies
     mrope_section: tuple = (24, 20, 20)  # (t, h, w) frequency counts; must sum to head_dim/2
-    mrope_interleaved: bool = True
-    hidden_act: str = "silu"
+    mrope_interleaved: bool = True      # t, h, w frequencies interleaved (Qwen3-VL's layout)
+    hidden_act: str = "silu"            # the MLP's activation
     rope_type: str = "default"   # or "linear": the inverse frequencies divided by rope_factor
-    rope_factor: float = 1.0
+    rope_factor: float = 1.0            # linear rope scaling's divisor (1: none)
 
     @classmethod
     def from_hf(cls, d: dict, where: str = "text_config") -> 'TextConfig':
@@ -100,19 +100,19 @@ class TextConfig:
 @dataclass(frozen=True)
 class VisionConfig:
     "The Qwen3-VL vision tower (replicated on every rank)."
-    depth: int = 27
-    hidden_size: int = 1152
-    intermediate_size: int = 4304
-    num_heads: int = 16
+    depth: int = 27                     # vision blocks
+    hidden_size: int = 1152             # width of a vision block
+    intermediate_size: int = 4304       # width of a vision block's MLP
+    num_heads: int = 16                 # attention heads of a vision block
     out_hidden_size: int = 5120  # = the text hidden size
-    in_channels: int = 3
-    patch_size: int = 16
-    temporal_patch_size: int = 2
-    spatial_merge_size: int = 2
+    in_channels: int = 3                # colour channels of a pixel
+    patch_size: int = 16                # a patch is patch_size x patch_size pixels
+    temporal_patch_size: int = 2        # frames per patch (an image is repeated to fill them)
+    spatial_merge_size: int = 2         # merge x merge patches become one visual token
     num_position_embeddings: int = 2304  # a 48x48 learned grid
-    deepstack_visual_indexes: tuple = (8, 16, 24)
-    hidden_act: str = "gelu_pytorch_tanh"
-    rope_theta: float = 10000.0
+    deepstack_visual_indexes: tuple = (8, 16, 24)  # blocks whose outputs feed DeepStack's mergers
+    hidden_act: str = "gelu_pytorch_tanh"  # the MLP's activation
+    rope_theta: float = 10000.0         # base of the 2-D rotary frequencies
 
     @property
     def head_dim(self) -> int: return self.hidden_size // self.num_heads
@@ -169,13 +169,13 @@ def _hf_dict(src) -> tuple[dict, str]:
 @dataclass(frozen=True)
 class EncoderConfig:
     "Everything the layer-N encoder needs: text, vision, token ids and the selected layer."
-    text: TextConfig = field(default_factory=TextConfig)
-    vision: VisionConfig = field(default_factory=VisionConfig)
+    text: TextConfig = field(default_factory=TextConfig)        # the text decoder
+    vision: VisionConfig = field(default_factory=VisionConfig)  # the vision tower
     selected_layer: int = 50  # output = the unnormalized state after decoder layer selected_layer-1
-    image_token_id: int = 151655
-    video_token_id: int = 151656
-    vision_start_token_id: int = 151652
-    vision_end_token_id: int = 151653
+    image_token_id: int = 151655        # the placeholder token of each visual token of an image
+    video_token_id: int = 151656        # the placeholder token of each visual token of a video
+    vision_start_token_id: int = 151652  # the token before an image's or a video's placeholders
+    vision_end_token_id: int = 151653   # the token after them
 
     @property
     def text_id_limit(self) -> int:
@@ -248,17 +248,24 @@ class EncoderConfig:
         return self
 
 # %% ../nbs/00_config.ipynb #325491be
-def tp_sizes(t: TextConfig, upto: int = 64) -> list[int]:
+def tp_sizes(t: TextConfig,  # the text decoder
+             upto: int = 64,  # the largest size to consider
+            ) -> list[int]:
     "Tensor-parallel sizes (up to `upto`) that divide the heads, the KV heads and the MLP width of `t` (not the vocab)."
     dims = (t.num_attention_heads, t.num_key_value_heads, t.intermediate_size)
     return [n for n in range(1, upto + 1) if all(d % n == 0 for d in dims)]
 
 # %% ../nbs/00_config.ipynb #3d70a066
-def qwen3vl_32b(selected_layer: int = 50) -> EncoderConfig:
+def qwen3vl_32b(selected_layer: int = 50,  # N: the output is the state after decoder layer N-1
+               ) -> EncoderConfig:
     "Qwen3-VL-32B dimensions (text 5120 x 64 layers, vision 1152 x 27), cut at `selected_layer`."
     return EncoderConfig(TextConfig(), VisionConfig(), selected_layer).validate()
 
-def tiny(selected_layer: int = 3, text: dict | None = None, vision: dict | None = None, **kw) -> EncoderConfig:
+def tiny(selected_layer: int = 3,     # N (of 4 decoder layers, unless `text` changes that)
+         text: dict | None = None,     # `TextConfig` fields to change, e.g. `dict(hidden_size=128)`
+         vision: dict | None = None,   # `VisionConfig` fields to change
+         **kw,                         # `EncoderConfig` fields to change (the token ids)
+        ) -> EncoderConfig:
     "A tiny random-weight Qwen3-VL for CPU tests; override any field through `text`, `vision` or `kw`."
     t = replace(TextConfig(vocab_size=1024, hidden_size=64, intermediate_size=128, num_hidden_layers=4,
                            num_attention_heads=8, num_key_value_heads=4, head_dim=16, rope_theta=10000.0,
@@ -272,7 +279,9 @@ def tiny(selected_layer: int = 3, text: dict | None = None, vision: dict | None 
 # %% ../nbs/00_config.ipynb #b6d60161
 def _linear(i, o, bias=True): return i * o + (o if bias else 0)
 
-def param_counts(cfg: EncoderConfig, tp: int = 1) -> dict:
+def param_counts(cfg: EncoderConfig,  # the model, cut at `cfg.selected_layer`
+                 tp: int = 1,         # the tensor-parallel size
+                ) -> dict:
     "Parameters one TP rank holds, by part: `text_sharded`, `text_replicated`, `vision`, and `total`."
     cfg.validate(tp)
     t, v, L = cfg.text, cfg.vision, cfg.selected_layer
@@ -289,6 +298,9 @@ def param_counts(cfg: EncoderConfig, tp: int = 1) -> dict:
     return dict(text_sharded=sharded // tp, text_replicated=replicated, vision=vision,
                 total=sharded // tp + replicated + vision)
 
-def bytes_per_rank(cfg: EncoderConfig, tp: int = 1, dtype: torch.dtype = torch.bfloat16) -> int:
+def bytes_per_rank(cfg: EncoderConfig,                 # the model, cut at `cfg.selected_layer`
+                   tp: int = 1,                        # the tensor-parallel size
+                   dtype: torch.dtype = torch.bfloat16,  # the weights' dtype
+                  ) -> int:
     "Weight bytes one TP rank holds at `dtype`."
     return param_counts(cfg, tp)["total"] * dtype.itemsize

@@ -10,7 +10,9 @@ import torch
 from .config import EncoderConfig
 
 # %% ../nbs/06_deepstack.ipynb #77d584ea
-def placeholder_masks(input_ids: torch.Tensor, cfg: EncoderConfig) -> tuple[torch.Tensor, torch.Tensor]:
+def placeholder_masks(input_ids: torch.Tensor,  # 1-D token ids
+                      cfg: EncoderConfig,      # the image and video placeholder token ids
+                     ) -> tuple[torch.Tensor, torch.Tensor]:
     "Boolean [seq] masks of the image and of the video placeholder tokens in 1-D `input_ids`."
     if input_ids.ndim != 1: raise ValueError(f"input_ids must be 1-D [seq], got shape {tuple(input_ids.shape)}")
     return input_ids == cfg.image_token_id, input_ids == cfg.video_token_id
@@ -22,14 +24,19 @@ def _check_rows(mask: torch.Tensor, features: torch.Tensor, what: str):
                          f"each {what} of grid (t, h, w) needs t*h*w/merge^2 placeholder tokens")
 
 # %% ../nbs/06_deepstack.ipynb #ce64cdc8
-def scatter_visual(embeds: torch.Tensor, mask: torch.Tensor, features: torch.Tensor) -> torch.Tensor:
+def scatter_visual(embeds: torch.Tensor,    # token embeddings [seq, H]
+                   mask: torch.Tensor,      # the placeholder rows, boolean [seq]
+                   features: torch.Tensor,  # one visual token a placeholder [mask.sum(), H]
+                  ) -> torch.Tensor:
     "`embeds` [seq, H] with its `mask` rows replaced, in order, by `features` [mask.sum(), H]."
     _check_rows(mask, features, "visual")
     return embeds.masked_scatter(mask[:, None], features.to(embeds.device, embeds.dtype))
 
 # %% ../nbs/06_deepstack.ipynb #07a43a35
-def merge_deepstack(image_mask: torch.Tensor, video_mask: torch.Tensor,
-                    image_features: list[torch.Tensor] | None = None, video_features: list[torch.Tensor] | None = None
+def merge_deepstack(image_mask: torch.Tensor,  # image placeholders, boolean [seq]
+                    video_mask: torch.Tensor,  # video placeholders, boolean [seq]
+                    image_features: list[torch.Tensor] | None = None,  # per level, [tokens, H]
+                    video_features: list[torch.Tensor] | None = None,  # per level, [tokens, H]
                     ) -> tuple[torch.Tensor | None, list[torch.Tensor] | None]:
     ("The visual mask [seq] and, per DeepStack level, the features over its rows in sequence order "
      "(images, videos or both).")
@@ -50,6 +57,9 @@ def merge_deepstack(image_mask: torch.Tensor, video_mask: torch.Tensor,
     return visual, merged
 
 # %% ../nbs/06_deepstack.ipynb #34b517fc
-def inject(h: torch.Tensor, mask: torch.Tensor, feature: torch.Tensor) -> torch.Tensor:
+def inject(h: torch.Tensor,        # the state after a decoder layer [seq, H]
+           mask: torch.Tensor,     # the visual rows: boolean [seq], or row indices
+           feature: torch.Tensor,  # this level's DeepStack features, a row per visual row [n, H]
+          ) -> torch.Tensor:
     "DeepStack: a copy of `h` [seq, H] with `feature` added at the rows `mask` selects (boolean [seq], or row indices)."
     return h.index_put((mask,), h[mask] + feature.to(h.device, h.dtype))

@@ -93,8 +93,12 @@ def _padded_mm(a, sa, w, sb, out_dtype):
     return torch._scaled_mm(pad(a, (0, pk)), pad(w, (0, pk, 0, pn)).t(), sa, sb, out_dtype=out_dtype)[:, :N]
 
 # %% ../nbs/09_fp8.ipynb #4df7388e
-def fp8_linear(x: torch.Tensor, w: torch.Tensor, w_scale: torch.Tensor, act: str = "token",
-               out_dtype: torch.dtype | None = None) -> torch.Tensor:
+def fp8_linear(x: torch.Tensor,        # activations [..., K]
+               w: torch.Tensor,        # e4m3 weight [N, K]
+               w_scale: torch.Tensor,  # its fp32 scale: 0-d, or [N, 1] per channel
+               act: str = "token",     # the activations' scale: "token" (a row each) or "tensor"
+               out_dtype: torch.dtype | None = None,  # the result's dtype (default: `x`'s)
+              ) -> torch.Tensor:
     "`x @ wᵀ` for an e4m3 weight `w` [N, K] and its scale; `x` [..., K] is quantized on the fly per `act`."
     xq, xs = quantize_act(x.reshape(-1, x.shape[-1]), act)
     return scaled_mm(xq, xs, w, w_scale, out_dtype or x.dtype).view(*x.shape[:-1], w.shape[0])
@@ -102,7 +106,10 @@ def fp8_linear(x: torch.Tensor, w: torch.Tensor, w_scale: torch.Tensor, act: str
 # %% ../nbs/09_fp8.ipynb #acaf8b6b
 class Fp8ColumnParallelLinear(nn.Module):
     "An FP8 copy of a loaded `tp.ColumnParallelLinear`: same group and splits, one fused GEMM, output split."
-    def __init__(self, lin: ColumnParallelLinear, granularity: str = "channel", act: str = "token"):
+    def __init__(self, lin: ColumnParallelLinear,  # the loaded bf16 layer
+                 granularity: str = "channel",     # the weight's scales: "channel" or "tensor"
+                 act: str = "token",               # the activations' scales: "token" or "tensor"
+                ):
         super().__init__()
         check_fp8_modes(granularity, act)
         self.group, self.splits, self.local_splits = lin.group, lin.splits, lin.local_splits
@@ -122,7 +129,10 @@ class Fp8ColumnParallelLinear(nn.Module):
 # %% ../nbs/09_fp8.ipynb #56940e42
 class Fp8RowParallelLinear(RowSum, nn.Module):
     "An FP8 copy of a loaded `tp.RowParallelLinear`: e4m3 column shard, scales of the full rows, partials all-reduced."
-    def __init__(self, lin: RowParallelLinear, granularity: str = "channel", act: str = "token"):
+    def __init__(self, lin: RowParallelLinear,  # the loaded bf16 layer
+                 granularity: str = "channel",  # the weight's scales: "channel" or "tensor"
+                 act: str = "token",            # the activations' scales: "token" or "tensor"
+                ):
         super().__init__()
         check_fp8_modes(granularity, act)
         self.group, self.reduce = lin.group, lin.reduce
@@ -144,7 +154,10 @@ FP8_LAYERS = {"column": Fp8ColumnParallelLinear, "row": Fp8RowParallelLinear}   
 # within a layer
 LAYER_PLAN = {k.removeprefix("layers.{i}."): p for k, p in TP_PLAN.items() if k.startswith("layers.{i}.")}
 
-def quantize_model_(model: nn.Module, granularity: str = "channel", act: str = "token") -> nn.Module:
+def quantize_model_(model: nn.Module,             # a loaded model with `text.DecoderLayer`s
+                    granularity: str = "channel",  # the weights' scales: "channel" or "tensor"
+                    act: str = "token",            # the activations' scales: "token" or "tensor"
+                   ) -> nn.Module:
     "Replace, in place, every decoder projection of `text.TP_PLAN` in `model` with its FP8 layer; returns `model`."
     check_fp8_modes(granularity, act)
     layers = [m for m in model.modules() if isinstance(m, DecoderLayer)]   # no reference to the projections kept

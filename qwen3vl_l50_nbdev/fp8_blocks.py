@@ -36,7 +36,7 @@ SCALE_DTYPES = ("F32", "BF16")              # safetensors' names of the block sc
 class BlockFp8:
     "A block-FP8 checkpoint's format: config.json's `quantization_config` (transformers' fine-grained FP8)."
     block: tuple = (128, 128)             # (rows, columns) of the weight that share one scale
-    activation_scheme: str = "dynamic"
+    activation_scheme: str = "dynamic"    # activations quantized as they come (the one scheme read)
     not_converted: tuple = ()             # `modules_to_not_convert`: module names (or patterns) kept in bf16
 
     def scale_shape(self, shape) -> tuple:
@@ -75,7 +75,9 @@ def block_format(config: dict, where: str = "config.json") -> BlockFp8 | None:
     return BlockFp8(tuple(b), act, tuple(skip))
 
 # %% ../nbs/09a_fp8_blocks.ipynb #3f59a8bf
-def quantize_blocks(w: torch.Tensor, block=(128, 128)) -> tuple[torch.Tensor, torch.Tensor]:
+def quantize_blocks(w: torch.Tensor,  # bf16 or fp32 weight [N, K]
+                    block=(128, 128),  # (rows, columns) that share a scale
+                   ) -> tuple[torch.Tensor, torch.Tensor]:
     ("`(w_fp8 [N, K] e4m3, weight_scale_inv [N/bn, K/bk] fp32)` with `w ≈ w_fp8 · scale_inv` per block, computed as "
      "transformers' `Fp8Quantize` computes it (its bytes); N and K must be multiples of the block.")
     (N, K), (bn, bk) = w.shape, block
@@ -86,8 +88,11 @@ def quantize_blocks(w: torch.Tensor, block=(128, 128)) -> tuple[torch.Tensor, to
     q = (t * scale[:, None, :, None]).clamp(-FP8_MAX, FP8_MAX).to(FP8).reshape(N, K)
     return q, (1.0 / scale).to(torch.float32)   # the inverse: what a checkpoint stores
 
-def dequantize_blocks(q: torch.Tensor, scale_inv: torch.Tensor, block=(128, 128),
-                      dtype=torch.float32) -> torch.Tensor:
+def dequantize_blocks(q: torch.Tensor,          # e4m3 weight [N, K]
+                      scale_inv: torch.Tensor,  # its scales [ceil(N/bn), ceil(K/bk)]
+                      block=(128, 128),         # (bn, bk): rows and columns that share a scale
+                      dtype=torch.float32,      # the result's dtype
+                     ) -> torch.Tensor:
     "`q · scale_inv` per block, in fp32 then `dtype` (transformers' `Fp8Dequantize`); partial edge blocks too."
     (N, K), (bn, bk) = q.shape, block
     s = scale_inv.float().repeat_interleave(bn, 0)[:N].repeat_interleave(bk, 1)[:, :K]
@@ -203,8 +208,12 @@ def block_scaled_mm(xq: torch.Tensor, xs: torch.Tensor, w: torch.Tensor, scale_i
     # so); the weight's as stored, seen transposed
     return torch._scaled_mm(xq, w.t(), xs.t().contiguous().t(), scale_inv.t(), out_dtype=out_dtype)
 
-def block_mm(x: torch.Tensor, w: torch.Tensor, scale_inv: torch.Tensor, block=(128, 128),
-             out_dtype=torch.bfloat16) -> torch.Tensor:
+def block_mm(x: torch.Tensor,          # activations [M, K], bf16
+             w: torch.Tensor,          # e4m3 weight [N, K]
+             scale_inv: torch.Tensor,  # its scales, one per block
+             block=(128, 128),         # (rows, columns) of the weight that share a scale
+             out_dtype=torch.bfloat16,  # the result's dtype
+            ) -> torch.Tensor:
     ("`x [M, K] @ (w · scale_inv)ᵀ` with `x` quantized per token and 128 columns: `torch._scaled_mm` with 1x128 and "
      "128x128 block scales (CUDA, cuBLAS >= 12.9, Hopper), else `block_mm_reference`.")
     fits = w.shape[1] // block[1] % 4 == 0   # cuBLAS takes the scales' K blocks in multiples of 4
@@ -346,8 +355,12 @@ class BlockFp8RowParallelLinear(RowSum, nn.Module):
 # %% ../nbs/09a_fp8_blocks.ipynb #8fbd7eb6
 BLOCK_LAYERS = {"column": BlockFp8ColumnParallelLinear, "row": BlockFp8RowParallelLinear}
 
-def block_fp8_model_(model: nn.Module, block, fp8: set, prefix: str = "model.language_model.",
-                     device=None) -> nn.Module:
+def block_fp8_model_(model: nn.Module,  # a model with `text.DecoderLayer`s, weights not loaded yet
+                     block,             # the checkpoint's block, (rows, columns)
+                     fp8: set,          # HF names of the checkpoint's FP8 weights
+                     prefix: str = "model.language_model.",  # HF name of the text model
+                     device=None,       # where projections built on the meta device go
+                    ) -> nn.Module:
     ("Replace, in place, each decoder projection of `text.TP_PLAN` in `model` whose checkpoint weights are all in "
      "`fp8` (HF names; `prefix`: the text model's) by its empty block-FP8 layer, for the loader to fill; returns it. "
      "Projections built on the meta device (`tp.projections_on_meta`) end on `device`, FP8 or (not converted) bf16.")
@@ -382,7 +395,11 @@ def quantize_tensors(pairs, fmt: BlockFp8 = BlockFp8(not_converted=("lm_head",))
         else: yield name, t
 
 # %% ../nbs/09a_fp8_blocks.ipynb #63b15f93
-def quantize_checkpoint(src, dst, fmt: BlockFp8 = BlockFp8(not_converted=("lm_head",)), device=None) -> Path:
+def quantize_checkpoint(src,       # an HF-format bf16 checkpoint directory
+                        dst,       # the directory to write (created)
+                        fmt: BlockFp8 = BlockFp8(not_converted=("lm_head",)),  # the FP8 format
+                        device=None,  # where to quantize (default: where each tensor is read)
+                       ) -> Path:
     ("Write the block-FP8 form of HF checkpoint directory `src` to `dst`: the same shards (one at a time in memory), "
      "the index and config.json updated with `fmt`'s `quantization_config`; other files copied.")
     src, dst = Path(src), Path(dst)
@@ -409,7 +426,11 @@ def quantize_checkpoint(src, dst, fmt: BlockFp8 = BlockFp8(not_converted=("lm_he
     return dst
 
 # %% ../nbs/09a_fp8_blocks.ipynb #d3556e25
-def block_tiny(selected_layer: int = 3, text: dict | None = None, vision: dict | None = None, **kw) -> EncoderConfig:
+def block_tiny(selected_layer: int = 3,    # N
+               text: dict | None = None,    # `TextConfig` fields to change
+               vision: dict | None = None,  # `VisionConfig` fields to change
+               **kw,                        # `EncoderConfig` fields to change
+              ) -> EncoderConfig:
     ("`config.tiny` whose linears are whole 128x128 blocks, every TP 1 and 2 shard too (text projections, "
      "vision blocks and mergers): the smallest model a block-FP8 checkpoint quantizes throughout.")
     return tiny(selected_layer, text=dict(hidden_size=256, intermediate_size=512, num_attention_heads=8,
@@ -417,6 +438,7 @@ def block_tiny(selected_layer: int = 3, text: dict | None = None, vision: dict |
                 vision=dict(hidden_size=128, intermediate_size=256, num_heads=4) | (vision or {}), **kw)
 
 # %% ../nbs/09a_fp8_blocks.ipynb #997f79b5
-def checkpoint_format(path) -> BlockFp8 | None:
+def checkpoint_format(path,  # an HF-format checkpoint directory
+                     ) -> BlockFp8 | None:
     "The `BlockFp8` format that checkpoint directory `path` declares in config.json, or None (unquantized, or none)."
     return block_format(read_json(f), str(f)) if path_exists(f := Path(path) / "config.json") else None

@@ -12,7 +12,9 @@ import torch
 import torch.nn as nn
 
 # %% ../nbs/00a_metrics.ipynb #24bdcb3b
-def diff_row(x: torch.Tensor, ref: torch.Tensor) -> dict:
+def diff_row(x: torch.Tensor,    # the result to judge
+             ref: torch.Tensor,  # the reference, of `x`'s shape
+            ) -> dict:
     "max |x-ref|, relative L2 and cosine (float64, on `x`'s device), and whether `x` and `ref` are bitwise equal."
     if x.shape != ref.shape: raise ValueError(f"shape mismatch: {tuple(x.shape)} vs reference {tuple(ref.shape)}")
     x, ref = x.detach(), ref.detach().to(x.device)   # computed where `x` lives: no host copy of GPU tensors
@@ -23,7 +25,8 @@ def diff_row(x: torch.Tensor, ref: torch.Tensor) -> dict:
                 rel_l2=(d.norm() / b.norm()).item() if b.norm() > 0 else d.norm().item(),
                 cosine=(a @ b / (a.norm() * b.norm())).item() if a.norm() * b.norm() > 0 else float(torch.equal(a, b)))
 
-def diff_table(rows: dict):
+def diff_table(rows: dict,  # `{name: (x, ref)}`: a row of the table each
+              ):
     "A pandas table of `diff_row` for each `name: (x, ref)`."
     import pandas as pd   # only here: importing the encoder does not import pandas
     return pd.DataFrame({k: diff_row(*v) for k, v in rows.items()}).T.astype(
@@ -36,7 +39,10 @@ def checksum(t: torch.Tensor) -> int:
 
 # %% ../nbs/00a_metrics.ipynb #2a3de996
 @contextlib.contextmanager
-def layer_states(text: nn.Module, device=None, teacher: list | None = None):
+def layer_states(text: nn.Module,             # a text model with `.layers` (ours or HF's)
+                 device=None,                 # where the kept states go (default: where computed)
+                 teacher: list | None = None,  # reference states: layer i reads teacher[i-1]
+                ):
     ("Within the block, forwards of `text` append each layer's output (after DeepStack) to the list yielded; "
      "`teacher`: feed each layer the reference input.")
     states = []

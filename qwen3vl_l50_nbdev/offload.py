@@ -23,7 +23,9 @@ def _align(n: int) -> int: return -(-n // ALIGN) * ALIGN
 
 class Packed:
     "The parameters and buffers of `module` packed in one flat byte buffer `host` (pinned: `pin`); `bind` moves them."
-    def __init__(self, module: nn.Module, pin: bool = False):
+    def __init__(self, module: nn.Module,  # the module whose tensors to pack
+                 pin: bool = False,  # pin the host buffer (fast, asynchronous copies to a GPU)
+                ):
         self.entries, off = [], 0   # (owner, leaf, is parameter, dtype, shape, byte offset)
         for kind, named in ((True, module.named_parameters()), (False, module.named_buffers())):
             for name, t in named:
@@ -71,7 +73,10 @@ class _Offload:
 class CpuOffload(_Offload):
     "Every weight in pinned host memory; `load_to_device` copies all to `device` in one go, `offload_to_cpu` drops it."
     kind = "cpu"
-    def __init__(self, parts: dict[str, nn.Module], device, host: dict | None = None):
+    def __init__(self, parts: dict[str, nn.Module],  # the modules to offload, by name
+                 device,                         # the device they compute on
+                 host: dict | None = None,       # `Packed` parts to reuse, by name (from `release`)
+                ):
         super().__init__(parts, device, host)
         self.buffer = None   # the device copy of every part, one flat buffer, while loaded
 
@@ -103,7 +108,11 @@ class LayerwiseOffload(_Offload):
     ("The decoder `layers` in pinned host memory, streamed through a ring of `ring` device buffers: layer i+1 is "
      "copied on a side stream while layer i computes; every other part of the model stays on the device.")
     kind = "layerwise"
-    def __init__(self, layers: nn.ModuleList, device, ring: int = 2, host: dict | None = None):
+    def __init__(self, layers: nn.ModuleList,  # the decoder layers to stream
+                 device,                     # the device they compute on
+                 ring: int = 2,              # device buffers: 2 overlap a layer's copy with compute
+                 host: dict | None = None,   # `Packed` layers to reuse, by name (from `release`)
+                ):
         if not 1 <= ring: raise ValueError(f"ring={ring}: at least 1 device buffer (2 overlap a copy with compute)")
         super().__init__({f"layers.{i}": m for i, m in enumerate(layers)}, device, host)
         self.packs, k, cuda = list(self.host.values()), min(ring, len(layers)), self.device.type == "cuda"

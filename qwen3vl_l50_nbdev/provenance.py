@@ -39,7 +39,9 @@ def machine_fingerprint() -> str:
             f"{torch.backends.cpu.get_cpu_capability()} {torch.get_num_threads()} threads torch {torch.__version__} "
             f"{torch.version.git_version[:8]} build {digest(torch.__config__.show())}")
 
-def git_commit(short: bool = True, where=None) -> str:
+def git_commit(short: bool = True,  # the abbreviated hash
+               where=None,          # a directory in the git tree (default: the working directory)
+              ) -> str:
     "The git commit of the tree around `where` (default: the working directory); `unknown` without git."
     try: out = subprocess.run(["git", "rev-parse", *(["--short"] if short else []), "HEAD"],
                               capture_output=True, text=True, timeout=10, cwd=where).stdout.strip()
@@ -54,7 +56,10 @@ def _this_command() -> str:
     launcher = f"torchrun --nproc_per_node {world}" if "TORCHELASTIC_RUN_ID" in os.environ else "python"
     return " ".join([launcher, *map(shlex.quote, args)])
 
-def provenance(device="cpu", commit: str | None = None, command: str | None = None) -> dict:
+def provenance(device="cpu",                # the device the run computed on
+               commit: str | None = None,   # the git commit (default: `git_commit()`)
+               command: str | None = None,  # the command that ran (default: this process's)
+              ) -> dict:
     ("Where a run came from: device, UTC date, git commit, torch version, command (default: this "
      "process's command line, under `torchrun` if it is); on the CPU also `machine`, its `machine_fingerprint`.")
     dev = torch.device(device)

@@ -27,7 +27,8 @@ def mrope_axes(mrope_section) -> torch.Tensor:
 # %% ../nbs/03_rope.ipynb #e232841c
 class TextRotary(nn.Module):
     "Qwen3-VL text M-RoPE: positions [3, seq] -> (cos, sin), each [seq, head_dim], in `dtype`."
-    def __init__(self, cfg: TextConfig):
+    def __init__(self, cfg: TextConfig,  # the text decoder's head_dim, rope_theta, mrope_section
+                ):
         super().__init__()
         if not cfg.mrope_interleaved:
             raise ValueError("mrope_interleaved=False (Qwen2-VL's chunked M-RoPE) is not Qwen3-VL's layout; "
@@ -51,7 +52,11 @@ def rotate_half(x: torch.Tensor) -> torch.Tensor:
     x1, x2 = x.chunk(2, -1)
     return torch.cat((-x2, x1), -1)
 
-def apply_rotary(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
+def apply_rotary(q: torch.Tensor,    # queries [..., seq, head_dim]
+                 k: torch.Tensor,    # keys [..., seq, head_dim]
+                 cos: torch.Tensor,  # cosines of the angles, broadcast against `q` and `k`
+                 sin: torch.Tensor,  # sines of the angles
+                ):
     "Rotate `q` and `k` by the angles whose `cos`, `sin` broadcast against them (HF's formula)."
     return q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin
 
@@ -77,7 +82,10 @@ def check_grids(grid_thw, merge: int, name: str = "grid_thw") -> list[list[int]]
     return rows
 
 # %% ../nbs/03_rope.ipynb #96a790d7
-def vision_positions(grid_thw, merge: int, device=None) -> torch.Tensor:
+def vision_positions(grid_thw,      # (t, h, w) in patches of each image or video [n, 3]
+                     merge: int,    # `spatial_merge_size`: patches per side of one visual token
+                     device=None,   # where the positions go
+                    ) -> torch.Tensor:
     "(h, w) of every patch [n_patches, 2], in the order `pixel_values` holds them (merge x merge blocks, per frame)."
     out = []
     for t, h, w in check_grids(grid_thw, merge):
@@ -89,7 +97,8 @@ def vision_positions(grid_thw, merge: int, device=None) -> torch.Tensor:
 # %% ../nbs/03_rope.ipynb #6f488f84
 class VisionRotary(nn.Module):
     "The vision tower's 2-D axial rotary: patch (h, w) [n, 2] -> (cos, sin), each [n, head_dim], fp32."
-    def __init__(self, cfg: VisionConfig):
+    def __init__(self, cfg: VisionConfig,  # the vision tower's head_dim and rope_theta
+                ):
         super().__init__()
         self.inv_freq = _inv_freq(cfg.head_dim // 2, cfg.rope_theta)   # head_dim/4 frequencies, shared by h and w
 
@@ -99,11 +108,17 @@ class VisionRotary(nn.Module):
         return layout(angles.cos()), layout(angles.sin())
 
 # %% ../nbs/03_rope.ipynb #3fc13cfc
-def mm_token_types(input_ids: torch.Tensor, cfg: EncoderConfig) -> torch.Tensor:
+def mm_token_types(input_ids: torch.Tensor,  # 1-D token ids
+                   cfg: EncoderConfig,      # the placeholder token ids
+                  ) -> torch.Tensor:
     "Each token's kind, as HF's `mm_token_type_ids`: 1 for an image placeholder, 2 for a video placeholder, 0 for text."
     return (input_ids == cfg.image_token_id).long() + 2 * (input_ids == cfg.video_token_id).long()
 
-def rope_index(input_ids: torch.Tensor, cfg: EncoderConfig, image_grid_thw=None, video_grid_thw=None) -> torch.Tensor:
+def rope_index(input_ids: torch.Tensor,  # 1-D token ids, with each image's and video's placeholders
+               cfg: EncoderConfig,      # placeholder token ids and `spatial_merge_size`
+               image_grid_thw=None,     # (t, h, w) in patches of each image, in order [n_images, 3]
+               video_grid_thw=None,     # (t, h, w) in patches of each video [n_videos, 3]
+              ) -> torch.Tensor:
     "M-RoPE positions [3, seq] (t, h, w) for 1-D `input_ids` holding text, image and video placeholder tokens."
     if input_ids.ndim != 1:
         raise ValueError(f"input_ids must be 1-D [seq] (no batch), got shape {tuple(input_ids.shape)}")

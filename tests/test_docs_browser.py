@@ -1,5 +1,6 @@
 """Headless Chromium over the built docs site: the home page and one analysis page show their title, every image
-loads, the stylesheets apply, search finds a function; screenshots go to docs/_build/screenshots/."""
+loads, the stylesheets apply, search finds a function, math is typeset without a network, the CLI page opens with the
+program's help; screenshots go to docs/_build/screenshots/."""
 import html
 import json
 import re
@@ -36,7 +37,10 @@ window.addEventListener("load", () => setTimeout(() => {
     furo: css.getPropertyValue("--color-brand-primary").trim(), nbdev: css.getPropertyValue("--nbdev-css").trim(),
     results, wide: document.documentElement.scrollWidth - document.documentElement.clientWidth,
     clipped: [...document.querySelectorAll("div.cell_input pre")].filter(e => e.scrollWidth > e.clientWidth + 1).length,
-    inputs: document.querySelectorAll("div.cell_input pre").length});
+    inputs: document.querySelectorAll("div.cell_input pre").length,
+    math: [...document.querySelectorAll("math")].map(m => { const r = m.getBoundingClientRect();
+      return [m.getAttribute("display") || "inline", Math.round(r.width), Math.round(r.height)]; }),
+    text: document.body.innerText, article: (document.querySelector("article") || document.body).innerText});
   document.body.appendChild(p);
 }, 1500));
 </script>"""
@@ -113,3 +117,28 @@ def test_search_finds_a_function(site, probe_site):
     page, name = next((url.split("#")[0], n) for _, names in mods.values() for n, url in names if "#" in url)
     seen = probe(probe_site, "search.html", f"?q={name}")
     assert any(r.split("#")[0].endswith(page) for r in seen["results"]), (name, page, seen["results"])
+
+
+def test_math_in_browser(site, probe_site):
+    """The page with display math shows it typeset (MathML laid out as a block taller than a line of text, inline math
+    beside it) and no TeX source, opened from file:// with no network."""
+    page = next(p.relative_to(site).as_posix() for p in sorted(site.rglob("*.html"))
+                if 'display="block"' in p.read_text(encoding="utf-8"))
+    seen = probe(probe_site, page)
+    blocks = [m for m in seen["math"] if m[0] == "block"]
+    assert blocks and all(w > 200 and h > 30 for _, w, h in blocks), seen["math"]   # a fraction: two lines tall
+    assert all(w > 0 and h > 0 for _, w, h in seen["math"]), seen["math"]
+    assert "$$" not in seen["text"] and "\\frac" not in seen["text"] and "\\(" not in seen["text"]
+    screenshot(site, page, "math.png")
+
+
+def test_cli_page_in_browser(site, probe_site):
+    "The CLI page opens with the program's usage, above everything else on the page."
+    (prog, mod, _), = build.console_scripts()
+    nb = next(nb for nb in build.notebooks() if build.default_exp(nb) == mod.split(".", 1)[1])
+    page = build.page_of(nb)
+    seen = probe(probe_site, page)
+    assert seen["wide"] <= 0, seen["wide"]
+    body = seen["article"]
+    assert body.index(_title(nb)) < body.index(f"usage: {prog} [-h]") < 600, body[:800]
+    screenshot(site, page, "cli.png")
