@@ -170,7 +170,7 @@ def _check_positions(q: Prompt, x: dict, cfg: EncoderConfig):
     if n > most:
         warnings.warn(f"{q.where}: prompt {q.id!r} spans {n:,} positions, past the {most:,} the model was trained on "
                       "(config.json max_position_embeddings): it is encoded, RoPE extrapolating, as transformers does; "
-                      "expect its quality to suffer", stacklevel=3)
+                      "expect its quality to suffer")   # said once a process, wherever called from
 
 # %% ../nbs/11a_prompts.ipynb #57402244
 def process_prompt(q: Prompt, proc: Processor, cfg: EncoderConfig) -> dict:
