@@ -1,6 +1,8 @@
 from configparser import ConfigParser
-import setuptools, shlex
+import hashlib, json, setuptools, shlex, subprocess
+from pathlib import Path
 from packaging.version import Version
+from setuptools.command.build_py import build_py
 
 # nbdev 2's classic setup.py, with `packaging.version` in place of `pkg_resources` (gone from setuptools)
 assert Version(setuptools.__version__) >= Version('36.2')
@@ -27,7 +29,29 @@ lic = licenses.get(cfg['license'].lower(), (cfg['license'], None))
 min_python = cfg['min_python']
 console_scripts = cfg.get('console_scripts', '').split()
 
+def built_from(lib: str) -> dict:
+    "The commit this tree is at (dirty: the package or the notebooks differ) and the sources' digest; {} outside git."
+    here = Path(__file__).resolve().parent
+    git = lambda *a: subprocess.run(['git', '-C', str(here), *a], capture_output=True, text=True).stdout.strip()
+    try:
+        if Path(git('rev-parse', '--show-toplevel') or '/nonexistent').resolve() != here: return {}
+        commit, dirty = git('rev-parse', 'HEAD'), bool(git('status', '--porcelain', '--', lib, 'nbs'))
+    except OSError: return {}   # no git
+    h = hashlib.sha256()   # provenance.source_digest's (tests/test_provenance.py checks that they agree)
+    for f in sorted((here / lib).rglob('*.py')):
+        data = f.read_bytes()
+        h.update(f"{f.relative_to(here / lib).as_posix()} {len(data)}\n".encode()); h.update(data)
+    return dict(commit=commit, dirty=dirty, sources=h.hexdigest()[:16]) if commit else {}
+
+class BuildPy(build_py):
+    "build_py that records, for a non-editable install, the commit it was built from (provenance reads _build.json)."
+    def run(self):
+        super().run()
+        if not getattr(self, 'editable_mode', False) and (info := built_from(cfg['lib_name'])):
+            (Path(self.build_lib) / cfg['lib_name'] / '_build.json').write_text(json.dumps(info))
+
 setuptools.setup(
+    cmdclass={'build_py': BuildPy},
     name=cfg['lib_name'],
     license=lic[0],
     classifiers=['Development Status :: ' + statuses[int(cfg['status'])],

@@ -73,6 +73,7 @@ class TextConfig:
     hidden_act: str = "silu"            # the MLP's activation
     rope_type: str = "default"   # or "linear": the inverse frequencies divided by rope_factor
     rope_factor: float = 1.0            # linear rope scaling's divisor (1: none)
+    max_position_embeddings: int = 262144   # the positions it was trained on (RoPE computes any, untrained beyond)
 
     @classmethod
     def from_hf(cls, d: dict, where: str = "text_config") -> 'TextConfig':
@@ -90,6 +91,7 @@ class TextConfig:
         kw = _fields(cls, d, where,
                      skip=("mrope_section", "rope_theta", "mrope_interleaved", "rope_type", "rope_factor"))
         kw.setdefault("num_key_value_heads", kw["num_attention_heads"])   # transformers: MHA when unset
+        kw.setdefault("max_position_embeddings", 128000)                  # transformers' default
         if "head_dim" in d and d["head_dim"] is None: kw["head_dim"] = kw["hidden_size"] // kw["num_attention_heads"]
         rk = _fields(cls, dict(rope, rope_theta=theta), f"{where}.{rope_key}",
                      skip=[f.name for f in dataclasses.fields(cls) if f.name not in ("mrope_section", "rope_theta",
@@ -205,7 +207,8 @@ class EncoderConfig:
         text = dict(vocab_size=t.vocab_size, hidden_size=t.hidden_size, intermediate_size=t.intermediate_size,
                     num_hidden_layers=t.num_hidden_layers, num_attention_heads=t.num_attention_heads,
                     num_key_value_heads=t.num_key_value_heads, head_dim=t.head_dim, rms_norm_eps=t.rms_norm_eps,
-                    hidden_act=t.hidden_act, rope_parameters=dict(rope_type=t.rope_type, rope_theta=t.rope_theta,
+                    hidden_act=t.hidden_act, max_position_embeddings=t.max_position_embeddings,
+                    rope_parameters=dict(rope_type=t.rope_type, rope_theta=t.rope_theta,
                     mrope_section=list(t.mrope_section), mrope_interleaved=t.mrope_interleaved,
                     **({"factor": t.rope_factor} if t.rope_type == "linear" else {})))
         vision = {f.name: getattr(v, f.name) for f in dataclasses.fields(v) if f.name != "rope_theta"}

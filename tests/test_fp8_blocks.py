@@ -1,6 +1,7 @@
 ("Block-FP8 checkpoints (issue #31) on the CPU: the writer's bytes against transformers' quantizer, loading against "
  "transformers' dequantized load, TP 2 on gloo ranks, fast mode, offload, and each bad input refused before compute.")
 import json
+import os
 import types
 import pytest
 import torch
@@ -146,6 +147,8 @@ BAD = {
                     r"q_proj.weight_scale_inv in model.safetensors holds 1 NaN or Inf value"),
     "a zero scale": (_edit(lambda sd: sd[K + "_scale_inv"].__setitem__((0, 0), 0.0)),
                      r"q_proj.weight_scale_inv holds 1 scale\(s\) that are not finite and positive"),
+    "a huge scale": (_edit(lambda sd: sd[K + "_scale_inv"].__setitem__((0, 0), 1e30)),
+                     r"q_proj.weight_scale_inv holds 1 scale\(s\) .* above 146 .*the first 1e\+30"),
 }
 
 @pytest.mark.parametrize("what", list(BAD))
@@ -155,7 +158,7 @@ def test_bad_input_named_before_compute(ckpts, tmp_path, what):
     with pytest.raises(ValueError, match=msg):
         Encoder.from_pretrained(d, 3, progress=False)
 
-@pytest.mark.parametrize("what", ["a zero scale", "a NaN scale"])
+@pytest.mark.parametrize("what", ["a zero scale", "a NaN scale", "a huge scale"])
 def test_bad_scales_refused_by_block_layers(ckpts, tmp_path, what):
     "The block-FP8 layers (Hopper's path, which keeps FP8) refuse bad scales as the dequantizing path does."
     edit, msg = BAD[what]
@@ -178,6 +181,8 @@ def test_make_tiny_fp8_blocks_cli(tmp_path, inputs):
     from qwen3vl_l50_nbdev.cli import main
     assert main(["make-tiny", str(tmp_path / "t"), "--fp8-blocks", "--text-layers", "3"]) in (0, None)
     assert json.loads((tmp_path / "t" / "config.json").read_text())["quantization_config"]["quant_method"] == "fp8"
+    umask = os.umask(0o022); os.umask(umask)
+    assert (tmp_path / "t" / "model.safetensors").stat().st_mode & 0o777 == 0o666 & ~umask   # not safetensors' 0600
     h = Encoder.from_pretrained(tmp_path / "t", 3, progress=False).encode(**inputs)
     assert h.shape == (len(inputs["input_ids"]), 256)
 

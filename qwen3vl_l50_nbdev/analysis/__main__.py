@@ -40,7 +40,7 @@ def _parser() -> argparse.ArgumentParser:
     a("--fp64", choices=("auto", "yes", "no"), default="auto", help="fp64 reference too (auto: on CPU only)")
     a("--out", default="nbs/analysis/data", help="directory for the CSV")
     a("--name", default=None, help="CSV file stem (default: full_<tps> or small_<tps>)")
-    a("--commit", default=None, help="git commit to record (default: git rev-parse, if git is there)")
+    a("--commit", default=None, help="commit to record (default: the package's own, git_commit)")
     return p
 
 # %% ../../nbs/analysis/00c_runner.ipynb #8ffe4962

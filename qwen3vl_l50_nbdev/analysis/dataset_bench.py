@@ -149,7 +149,7 @@ def command(argv=None) -> int:
                    help="encode-dataset's token budgets per batch, bf16 at each (the first: FP8's and the targets')")
     p.add_argument("--no-hf", action="store_true", help="leave HF out (its memory, its time)")
     p.add_argument("--out", default=None, help="CSV (default: nbs/analysis/data/dataset_<h200|cpu>.csv)")
-    p.add_argument("--commit", default=None, help="git commit to record (default: git rev-parse, if git is there)")
+    p.add_argument("--commit", default=None, help="commit to record (default: the package's own, git_commit)")
     a = p.parse_args(argv)
     dev = torch.device("cuda", 0) if torch.cuda.is_available() else torch.device("cpu")
     if a.full and dev.type != "cuda": raise SystemExit("--full needs a CUDA device")

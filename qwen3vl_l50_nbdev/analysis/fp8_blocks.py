@@ -223,7 +223,7 @@ def command(argv=None) -> int:
     p.add_argument("--workdir", default="/tmp/fp8_blocks", help="where the two checkpoints are written")
     p.add_argument("--out", default=None,
                    help="the CSV (default: nbs/analysis/data/fp8_blocks[_gemms|_exact]_<h200|cpu>.csv)")
-    p.add_argument("--commit", default=None, help="git commit to record (default: git rev-parse, if git is there)")
+    p.add_argument("--commit", default=None, help="commit to record (default: the package's own, git_commit)")
     a = p.parse_args(argv)
     dev, seqs = "cuda" if a.full else "cpu", [int(s) for s in a.seqs.split(",")]
     if a.gemms and not a.full: raise SystemExit("--gemms needs --full (CUDA: the CPU has no block-scaled GEMM)")

@@ -81,7 +81,7 @@ def command(argv=None) -> int:
     ap.add_argument("--rings", default="2,3", help="layerwise ring sizes to measure, comma-separated")
     ap.add_argument("--iters", type=int, default=3, help="timed calls per measurement (the median is kept)")
     ap.add_argument("--out", required=True, help="the CSV to write")
-    ap.add_argument("--commit", default=None, help="git commit to record (default: git rev-parse)")
+    ap.add_argument("--commit", default=None, help="commit to record (default: the package's own, git_commit)")
     a = ap.parse_args(argv)
     if not torch.cuda.is_available(): raise SystemExit("the benchmark needs a CUDA GPU: it times host-to-device copies")
     dev = init_world("cuda")

@@ -190,7 +190,7 @@ def command(argv=None) -> int:
     p.add_argument("--fp8", action="store_true", help="then the text cases again in FP8 fast mode (HF freed)")
     p.add_argument("--reps", type=int, default=5, help="timed calls per variant and case (the median is reported)")
     p.add_argument("--out", default=None, help="CSV (default: nbs/analysis/data/speed_<device>.csv)")
-    p.add_argument("--commit", default=None, help="git commit to record (default: git rev-parse, if git is there)")
+    p.add_argument("--commit", default=None, help="commit to record (default: the package's own, git_commit)")
     p.add_argument("--gemms", action="store_true", help="only the GEMMs of one 32B layer (gemm_floor), on CUDA")
     p.add_argument("--profile", default=None, metavar="TOKENS",
                    help="only tp_profile.hf_profile at these lengths (e.g. 128,2048,2500): speed_profile_<device>.csv")

@@ -38,7 +38,7 @@ def command(argv=None) -> int:
     p.add_argument("--reps", type=int, default=5, help="timed calls per row (the median is reported)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default=None, help="CSV (default: nbs/analysis/data/tp_speed_<h200|cpu>.csv)")
-    p.add_argument("--commit", default=None, help="git commit to record (default: git rev-parse, if git is there)")
+    p.add_argument("--commit", default=None, help="commit to record (default: the package's own, git_commit)")
     p.add_argument("--layer-comm", action="store_true", help="only layer_comm_bench (2 GPUs), to layer_comm_h200.csv")
     p.add_argument("--overlap-check", action="store_true",
                    help="only overlap_check (2 GPUs), to overlap_check_h200.csv")
