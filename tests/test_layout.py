@@ -12,8 +12,8 @@ import pytest
 PKG = Path(__file__).resolve().parents[1] / "qwen3vl_l50_nbdev"
 # the core, low to high: a module imports only modules to its left (settings and config import nothing of ours)
 ORDER = ("settings config metrics provenance dist files tp rope vision deepstack text tiny fp8 fp8_blocks loading "
-         "fast_layers overlap fast offload encoder tokenizer inputs prompts contract hf validate_report validate dataset "
-         "cli").split()
+         "fast_layers overlap fast offload encoder tokenizer inputs prompts contract hf validate_report validate "
+         "dataset cli").split()
 TEST_ONLY = "testing"   # imports anything; nothing in the core imports it
 HEAVY = ("transformers", "pandas", "matplotlib")
 
