@@ -11,6 +11,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 import pandas as pd
@@ -114,7 +115,8 @@ def run_case(program: str, args: list, path: str | None = None) -> dict:
     "`program` (one of the cases) in a fresh `python -c` process, `path` first on PYTHONPATH: its JSON line."
     env = os.environ | ({"PYTHONPATH": os.pathsep.join(filter(None, [path, os.environ.get("PYTHONPATH")]))}
                         if path else {})
-    out = subprocess.run([sys.executable, "-c", program, *map(str, args)], env=env, capture_output=True, text=True)
+    out = subprocess.run([sys.executable, "-c", program, *map(str, args)], env=env, capture_output=True, text=True,
+                         cwd=tempfile.gettempdir())   # not where a package could shadow `path`'s
     if out.returncode: raise RuntimeError(f"case failed ({out.returncode}):\n{out.stderr[-3000:]}")
     return json.loads(out.stdout.strip().splitlines()[-1])
 
