@@ -53,13 +53,15 @@ import torch, time, json, sys
 from qwen3vl_l50_nbdev.config import EncoderConfig
 from qwen3vl_l50_nbdev.dist import Group
 from qwen3vl_l50_nbdev.encoder import Encoder
-from qwen3vl_l50_nbdev.loading import load_checkpoint
+import qwen3vl_l50_nbdev.loading as loading
+loading.WHOLE_ROWS = sys.argv[3] == "whole"
 torch.empty(1, device="cuda")
 t = time.perf_counter()
 enc = Encoder(EncoderConfig.from_hf(sys.argv[1], int(sys.argv[2])), Group(None, (0, 1), 0), device="cuda")
-stats = load_checkpoint(enc, sys.argv[1], progress=False)
+stats = loading.load_checkpoint(enc, sys.argv[1], progress=False)
+sums = [float(p.double().sum()) for p in enc.parameters()]
 torch.cuda.synchronize(); s = time.perf_counter() - t
-print(json.dumps(dict(seconds=s, bytes=stats["bytes_read"])))
+print(json.dumps(dict(seconds=s, bytes=stats["bytes_read"], sums=sums)))
 """
 _HF = """
 import torch, time, json, sys
@@ -133,7 +135,10 @@ def bench_load(ckpt, layers: int, old: str | None = None, here: str | None = Non
              ("floor: host-to-device", "a pinned 4 GiB copy", _FLOOR_H2D, [], None),
              ("ours", f"Encoder.from_pretrained; {READERS} readers, ring {SLOTS} x {SLOT_BYTES >> 20} MiB pinned",
               _OURS, [ckpt, layers], here),
-             ("ours, TP 2 rank 0", "build + load_checkpoint of rank 0's slices", _OURS_TP2, [ckpt, layers], here),
+             ("ours, TP 2 rank 0", "build + load_checkpoint of rank 0's slices: a run per row of a column slice",
+              _OURS_TP2, [ckpt, layers, "runs"], here),
+             ("ours, TP 2 rank 0, whole rows", "the same, whole rows read and the columns cut on the device",
+              _OURS_TP2, [ckpt, layers, "whole"], here),
              ("transformers", 'Qwen3VLModel.from_pretrained(device_map="cuda")', _HF, [ckpt], None),
              ("ours, again", "the same as ours: the spread between two runs", _OURS, [ckpt, layers], here)]
     rows, sums = [], {}
@@ -148,6 +153,7 @@ def bench_load(ckpt, layers: int, old: str | None = None, here: str | None = Non
         rows.append(dict(case=case, what=what, layers=layers, gb=r["bytes"] / 1e9, seconds=r["seconds"],
                          gbps=r["bytes"] / r["seconds"] / 1e9, ring_mib=SLOTS * SLOT_BYTES >> 20,
                          same_as_old=sums["ours"] == sums["old"] if case == "ours" and "old" in sums else None,
+                         same_as_runs=sums.get(case) == sums.get("ours, TP 2 rank 0") if "whole" in case else None,
                          checks=checks if case == "ours" else None))
         print(f"{case:24} {rows[-1]['gbps']:6.1f} GB/s  {r['seconds']:6.2f} s  {r['bytes'] / 1e9:6.2f} GB", flush=True)
     return rows
