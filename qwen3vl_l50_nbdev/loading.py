@@ -534,11 +534,11 @@ def _stream(parts: list[_Part], stats: dict, threads: int = READERS, progress: s
 
 # %% ../nbs/07_loading.ipynb #a7c1e007
 def _check_parts(parts: list[_Part], bad: list[int]):
-    "Raise `check_weight`'s (block scales: `check_scale_values`') message for the first part that holds bad values."
+    "Raise `check_weight`'s (then for block scales `check_scale_values`') message for the first part with bad values."
     for p, n in zip(parts, bad):
         if not n: continue
+        check_weight(p.src.name, p.src.dtype, p.dst, p.src.where, p.src.allowed)
         if p.scales: check_scale_values(p.src.name, p.dst)
-        else: check_weight(p.src.name, p.src.dtype, p.dst, p.src.where, p.src.allowed)
 
 
 # %% ../nbs/07_loading.ipynb #0e535aac
