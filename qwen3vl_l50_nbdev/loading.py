@@ -453,7 +453,7 @@ def _parts(mod: nn.Module, leaf: str, split: int | None, t) -> list[_Part] | Non
 # %% ../nbs/07_loading.ipynb #a7c1e005
 SLOTS, SLOT_BYTES = 16, 16 << 20   # the pinned staging ring of a device target: 16 slots of 16 MiB, reused
 READERS = 8                        # reader threads (at most the CPU's cores)
-WHOLE_ROWS = False                 # a device target's column slice: whole rows read, the slice cut on the device
+WHOLE_ROWS = True                  # a device target's column slice: whole rows read, the slice cut on the device
 
 def _runs(p: _Part, cap: int) -> list[tuple]:
     ("`p` cut into pieces of at most `cap` bytes (or one row): (first element of `p.dst`, end element, file runs, "
@@ -471,27 +471,33 @@ def _runs(p: _Part, cap: int) -> list[tuple]:
     k = max(1, cap // n)   # rows of a column slice: one run each, whole rows per piece
     return [(i * n // item, min(i + k, len(runs)) * n // item, runs[i:i + k], None) for i in range(0, len(runs), k)]
 
-def _to_host(fd: int, p: _Part, e0: int, e1: int, runs: list) -> int:
+def _read(p: _Part, buf: torch.Tensor, runs: list):
+    "`runs` of `p`'s file into `buf`, through a descriptor of this read's own (threads share none)."
+    fd = os.open(p.src.file, os.O_RDONLY)
+    try: _pread(fd, buf, runs, p.src.file)
+    finally: os.close(fd)
+
+def _to_host(p: _Part, e0: int, e1: int, runs: list) -> int:
     "Read elements `e0:e1` of `p` straight into its host target (through a scratch when cast); its bad values."
     dst = p.dst.view(-1)[e0:e1]
     buf = dst.view(torch.uint8) if dst.dtype == p.src.dtype else torch.empty(sum(n for _, n in runs), dtype=torch.uint8)
-    _pread(fd, buf, runs, p.src.file)
+    _read(p, buf, runs)
     v = buf.view(p.src.dtype)
     n = int(_bad_values(v, p.scales))   # as read, in the checkpoint's dtype
     if dst.dtype != p.src.dtype: dst.copy_(v)
     return n
 
-def _to_slot(fd: int, p: _Part, runs: list, slot: torch.Tensor, free: torch.cuda.Event):
+def _to_slot(p: _Part, runs: list, slot: torch.Tensor, free: torch.cuda.Event):
     "Read `runs` of `p` into pinned `slot`, once the copy that last read the slot is done."
     free.synchronize()
-    _pread(fd, slot[:sum(n for _, n in runs)], runs, p.src.file)
+    _read(p, slot[:sum(n for _, n in runs)], runs)
 
 
 # %% ../nbs/07_loading.ipynb #a7c1e006
-def _stream(parts: list[_Part], stats: dict, threads: int = READERS, progress: str | None = None) -> list[int]:
+def _stream(parts: list[_Part], stats: dict, threads: int | None = None, progress: str | None = None) -> list[int]:
     ("Fill every part's target from the files, reader threads ahead of asynchronous copies out of one pinned ring; "
      "returns each part's count of bad values (`_bad_values`), checked where it landed.")
-    fds, bad = {f: os.open(f, os.O_RDONLY) for f in {p.src.file for p in parts}}, [0] * len(parts)
+    bad = [0] * len(parts)
     dev = next((p.dst.device for p in parts if p.dst.is_cuda), None)
     ring = None if dev is None else torch.empty(SLOTS, SLOT_BYTES, dtype=torch.uint8, pin_memory=True)
     free, on_dev = [torch.cuda.Event() for _ in range(SLOTS)] if dev else [], []
@@ -508,7 +514,7 @@ def _stream(parts: list[_Part], stats: dict, threads: int = READERS, progress: s
     bar = tqdm(total=sum(p.dst.nbytes for p in parts), desc=progress, unit="B", unit_scale=True,
                disable=progress is None)
     try:
-        with ThreadPoolExecutor(max(1, min(threads, os.cpu_count() or 1))) as pool, \
+        with ThreadPoolExecutor(max(1, min(threads or READERS, os.cpu_count() or 1))) as pool, \
              torch.cuda.device(dev) if dev else contextlib.nullcontext():
             host, flying, j = [], deque(), 0
             for i, p in enumerate(parts):
@@ -516,18 +522,16 @@ def _stream(parts: list[_Part], stats: dict, threads: int = READERS, progress: s
                 if not p.length: continue
                 stats["tensors_read"] += 1
                 for e0, e1, runs, cut in _runs(p, SLOT_BYTES):
-                    stats["bytes_read"] += p.src.dtype.itemsize * (e1 - e0); fd = fds[p.src.file]
+                    stats["bytes_read"] += p.src.dtype.itemsize * (e1 - e0)
                     bar.update(p.dst.element_size() * (e1 - e0))
-                    if not p.dst.is_cuda: host.append((i, pool.submit(_to_host, fd, p, e0, e1, runs))); continue
+                    if not p.dst.is_cuda: host.append((i, pool.submit(_to_host, p, e0, e1, runs))); continue
                     if len(flying) == SLOTS: issue(*flying.popleft())   # frees the slot this read will use
                     s, j = j % SLOTS, j + 1
-                    flying.append((i, p, e0, e1, cut, s, pool.submit(_to_slot, fd, p, runs, ring[s], free[s])))
+                    flying.append((i, p, e0, e1, cut, s, pool.submit(_to_slot, p, runs, ring[s], free[s])))
             while flying: issue(*flying.popleft())
             for i, f in host: bad[i] += f.result()
             counts = torch.stack([c for _, c in on_dev]).tolist() if on_dev else []   # waits for every copy
-    finally:
-        for fd in fds.values(): os.close(fd)
-        bar.close()
+    finally: bar.close()
     for (i, _), c in zip(on_dev, counts): bad[i] += c
     return bad
 
@@ -543,9 +547,9 @@ def _check_parts(parts: list[_Part], bad: list[int]):
 
 # %% ../nbs/07_loading.ipynb #0e535aac
 def load_checkpoint(model: nn.Module, path, progress: bool = True, group: Group | None = None,
-                    threads: int = READERS) -> dict:
-    ("Fill `model` from an HF checkpoint dir, each TP layer reading only its slice (`threads` readers); returns what "
-     "was read. `group`: the ranks loading it, which then fail together.")
+                    threads: int | None = None) -> dict:
+    ("Fill `model` from an HF checkpoint dir, each TP layer reading only its slice (`threads` readers, default "
+     "`READERS`); returns what was read. `group`: the ranks loading it, which then fail together.")
     entries = check_checkpoint(path, model)
     files, err = sorted({e.file for e in entries.values()} | {e.scale.file for e in entries.values() if e.scale}), None
     stats, at = dict(files=len(files), tensors_read=0, bytes_read=0), {f: _data_offsets(f) for f in files}

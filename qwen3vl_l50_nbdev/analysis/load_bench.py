@@ -19,15 +19,16 @@ from .report import provenance, write_csv
 
 # %% ../../nbs/analysis/08a_load_bench.ipynb #b8a1000b
 _FLOOR_READ = """
-import os, time, json, sys, concurrent.futures as cf
-files = sys.argv[1:]; chunk = 64 << 20
+import os, time, json, sys, threading, concurrent.futures as cf
+threads, files, chunk, local = int(sys.argv[1]), sys.argv[2:], 16 << 20, threading.local()
 jobs = [(f, o) for f in files for o in range(0, os.path.getsize(f), chunk)]
-def read(job):
+def read(job):   # into a buffer of the thread's own, reused: what the page cache gives, no allocation
+    if not hasattr(local, "buf"): local.buf = memoryview(bytearray(chunk))
     f, o = job; fd = os.open(f, os.O_RDONLY)
-    try: return len(os.pread(fd, chunk, o))
+    try: return os.preadv(fd, [local.buf], o)
     finally: os.close(fd)
 t = time.perf_counter()
-with cf.ThreadPoolExecutor(8) as ex: n = sum(ex.map(read, jobs))
+with cf.ThreadPoolExecutor(threads) as ex: n = sum(ex.map(read, jobs))
 print(json.dumps(dict(seconds=time.perf_counter() - t, bytes=n)))
 """
 _FLOOR_H2D = """
@@ -48,16 +49,16 @@ torch.cuda.synchronize(); s = time.perf_counter() - t
 sums = [float(p.double().sum()) for p in enc.parameters()]   # after the clock: the old and the new load agree
 print(json.dumps(dict(seconds=s, bytes=enc.load_stats["bytes_read"], sums=sums)))
 """
-_OURS_TP2 = """
+_OURS_LOAD = """
 import torch, time, json, sys
 from qwen3vl_l50_nbdev.config import EncoderConfig
 from qwen3vl_l50_nbdev.dist import Group
 from qwen3vl_l50_nbdev.encoder import Encoder
 import qwen3vl_l50_nbdev.loading as loading
-loading.WHOLE_ROWS = sys.argv[3] == "whole"
+tp, loading.WHOLE_ROWS, loading.READERS = int(sys.argv[3]), sys.argv[4] == "whole", int(sys.argv[5])
 torch.empty(1, device="cuda")
-t = time.perf_counter()
-enc = Encoder(EncoderConfig.from_hf(sys.argv[1], int(sys.argv[2])), Group(None, (0, 1), 0), device="cuda")
+enc = Encoder(EncoderConfig.from_hf(sys.argv[1], int(sys.argv[2])), Group(None, tuple(range(tp)), 0), device="cuda")
+torch.cuda.synchronize(); t = time.perf_counter()
 stats = loading.load_checkpoint(enc, sys.argv[1], progress=False)
 sums = [float(p.double().sum()) for p in enc.parameters()]
 torch.cuda.synchronize(); s = time.perf_counter() - t
@@ -128,17 +129,22 @@ def bench_load(ckpt, layers: int, old: str | None = None, here: str | None = Non
      "default: this one), the package at `old`, TP-2 rank 0, transformers; a row each with GB/s.")
     from qwen3vl_l50_nbdev.loading import SLOTS, SLOT_BYTES, READERS
     files = sorted(str(f) for f in Path(ckpt).glob("*.safetensors"))
-    run_case(_FLOOR_READ, files)   # the page cache warm
+    run_case(_FLOOR_READ, [8, *files])   # the page cache warm
     here = here or str(Path(__file__).resolve().parents[2])
     cases = [("old", "Encoder.from_pretrained of the package at --old", _OURS, [ckpt, layers], old),
-             ("floor: read", "the shards read to nowhere, 8 threads", _FLOOR_READ, files, None),
+             ("floor: read", "the shards read to nowhere, 8 threads", _FLOOR_READ, [8, *files], None),
+             ("floor: read, 16 threads", "the same, 16 threads", _FLOOR_READ, [16, *files], None),
              ("floor: host-to-device", "a pinned 4 GiB copy", _FLOOR_H2D, [], None),
              ("ours", f"Encoder.from_pretrained; {READERS} readers, ring {SLOTS} x {SLOT_BYTES >> 20} MiB pinned",
               _OURS, [ckpt, layers], here),
-             ("ours, TP 2 rank 0", "build + load_checkpoint of rank 0's slices: a run per row of a column slice",
-              _OURS_TP2, [ckpt, layers, "runs"], here),
+             ("ours: load_checkpoint", f"load_checkpoint alone, into a built encoder; {READERS} readers", _OURS_LOAD,
+              [ckpt, layers, 1, "whole", READERS], here),
+             ("ours: load_checkpoint, 16 readers", "the same, 16 readers", _OURS_LOAD,
+              [ckpt, layers, 1, "whole", 16], here),
+             ("ours, TP 2 rank 0", "load_checkpoint of rank 0's slices: a run per row of a column slice",
+              _OURS_LOAD, [ckpt, layers, 2, "runs", READERS], here),
              ("ours, TP 2 rank 0, whole rows", "the same, whole rows read and the columns cut on the device",
-              _OURS_TP2, [ckpt, layers, "whole"], here),
+              _OURS_LOAD, [ckpt, layers, 2, "whole", READERS], here),
              ("transformers", 'Qwen3VLModel.from_pretrained(device_map="cuda")', _HF, [ckpt], None),
              ("ours, again", "the same as ours: the spread between two runs", _OURS, [ckpt, layers], here)]
     rows, sums = [], {}
@@ -153,6 +159,7 @@ def bench_load(ckpt, layers: int, old: str | None = None, here: str | None = Non
         rows.append(dict(case=case, what=what, layers=layers, gb=r["bytes"] / 1e9, seconds=r["seconds"],
                          gbps=r["bytes"] / r["seconds"] / 1e9, ring_mib=SLOTS * SLOT_BYTES >> 20,
                          same_as_old=sums["ours"] == sums["old"] if case == "ours" and "old" in sums else None,
+                         same_as_ours=sums.get(case) == sums.get("ours") if "load_checkpoint" in case else None,
                          same_as_runs=sums.get(case) == sums.get("ours, TP 2 rank 0") if "whole" in case else None,
                          checks=checks if case == "ours" else None))
         print(f"{case:24} {rows[-1]['gbps']:6.1f} GB/s  {r['seconds']:6.2f} s  {r['bytes'] / 1e9:6.2f} GB", flush=True)
