@@ -522,7 +522,7 @@ def _stream(parts: list[_Part], stats: dict, threads: int | None = None, progres
                 if not p.length: continue
                 stats["tensors_read"] += 1
                 for e0, e1, runs, cut in _runs(p, SLOT_BYTES):
-                    stats["bytes_read"] += p.src.dtype.itemsize * (e1 - e0)
+                    stats["bytes_read"] += sum(n for _, n in runs)   # whole rows: all of them
                     bar.update(p.dst.element_size() * (e1 - e0))
                     if not p.dst.is_cuda: host.append((i, pool.submit(_to_host, p, e0, e1, runs))); continue
                     if len(flying) == SLOTS: issue(*flying.popleft())   # frees the slot this read will use

@@ -60,9 +60,9 @@ torch.empty(1, device="cuda")
 enc = Encoder(EncoderConfig.from_hf(sys.argv[1], int(sys.argv[2])), Group(None, tuple(range(tp)), 0), device="cuda")
 torch.cuda.synchronize(); t = time.perf_counter()
 stats = loading.load_checkpoint(enc, sys.argv[1], progress=False)
-sums = [float(p.double().sum()) for p in enc.parameters()]
 torch.cuda.synchronize(); s = time.perf_counter() - t
-print(json.dumps(dict(seconds=s, bytes=stats["bytes_read"], sums=sums)))
+sums = [float(p.double().sum()) for p in enc.parameters()]   # bytes: what lands; read: what left the files
+print(json.dumps(dict(seconds=s, bytes=sum(p.nbytes for p in enc.parameters()), read=stats["bytes_read"], sums=sums)))
 """
 _HF = """
 import torch, time, json, sys
@@ -157,7 +157,8 @@ def bench_load(ckpt, layers: int, old: str | None = None, here: str | None = Non
         except RuntimeError as e: print(f"{case}: {e}", flush=True); continue   # the other cases still run
         if "sums" in r: sums[case] = r.pop("sums")
         rows.append(dict(case=case, what=what, layers=layers, gb=r["bytes"] / 1e9, seconds=r["seconds"],
-                         gbps=r["bytes"] / r["seconds"] / 1e9, ring_mib=SLOTS * SLOT_BYTES >> 20,
+                         gbps=r["bytes"] / r["seconds"] / 1e9, read_gb=r.get("read", r["bytes"]) / 1e9,
+                         ring_mib=SLOTS * SLOT_BYTES >> 20,
                          same_as_old=sums["ours"] == sums["old"] if case == "ours" and "old" in sums else None,
                          same_as_ours=sums.get(case) == sums.get("ours") if "load_checkpoint" in case else None,
                          same_as_runs=sums.get(case) == sums.get("ours, TP 2 rank 0") if "whole" in case else None,
