@@ -228,12 +228,13 @@ def from_pretrained(cls: Encoder, path, selected_layer: int = 50, dtype=torch.bf
     if fp8_gemms:
         fp8 = {k for k, e in check_checkpoint(path, enc).items() if e.scale}
         block_fp8_model_(enc.text, blocks.block, fp8, device=enc.device)
+    if offload and not quant: enc.device = torch.device(device); enc.set_offload(offload, ring)   # read into them
     enc.load_stats = load_checkpoint(enc, path, progress=group.rank == 0 if progress is None else progress,
                                      group=group)
-    # online FP8: the decoder projections only
+    # online FP8: the decoder projections only, quantized from the loaded weights (then offloaded)
     if quant == "fp8": quantize_model_(enc.text, fp8_granularity, fp8_act)
     if mode == "fast": apply_fast(enc, fast or FastConfig())   # after FP8: it swaps the layers FP8 made too
-    if offload: enc.device = torch.device(device); enc.set_offload(offload, ring)
+    if offload and quant: enc.device = torch.device(device); enc.set_offload(offload, ring)
     elif enc.mode == "fast" and enc.fast.warmup: enc.warmup_s = warmup(enc)   # CUDA: no later call compiles
     return enc
 

@@ -87,6 +87,7 @@ COMMANDS = {   # command: (module of the harness, its entry point, what it measu
     "dataset": ("dataset_bench", "command", "encode-dataset's batches against one call a prompt (07a_dataset_bench)"),
     "validate": ("validate_bench", "command", "`validate` on a 32B-dimension checkpoint (08_validate_bench)"),
     "sweep": ("__main__", "sweep_main", "per-layer errors of every TP size, reduction and quantization (00a_sweep)"),
+    "load": ("load_bench", "command", "from_pretrained against the read and host-to-device floor (08a_load_bench)"),
     "startup": ("startup", "command", "a fresh process to its first embedding, ours and HF's (09a_startup_bench)"),
     "video-check": ("__main__", "video_check", "video processing against transformers' (11_inputs; needs torchvision)"),
 }

@@ -113,7 +113,7 @@ def startup(model, layers=(10,), device: str = "cuda", reps: int = 1, modes=("ex
                     rows += [base | dict(phase=f"load_stats.{k}", seconds=v) for k, v in r["stats"].items()]
     return pd.DataFrame(rows)
 
-# %% ../../nbs/analysis/09a_startup_bench.ipynb #c44f4f95
+# %% ../../nbs/analysis/09a_startup_bench.ipynb #f439a010
 def command(argv=None) -> int:
     "`python -m qwen3vl_l50_nbdev.analysis startup --model DIR --out CSV`: `startup`'s phases, written with provenance."
     ap = argparse.ArgumentParser(prog="python -m qwen3vl_l50_nbdev.analysis startup", description=startup.__doc__)
