@@ -54,7 +54,9 @@ pytest: install   # -rs lists every skipped test with its reason; a skip is name
 	  if [ -n "$$skipped" ]; then echo "make pytest: $$skipped test(s) SKIPPED, so this run is less than CI's:" \
 	    "install what the SKIPPED lines above name (bash .ci/run does it all, as CI)"; fi; exit $$rc; }
 
-test: check-sync lint nbtest docs pytest
+test: check-sync lint   # the notebooks and the docs site side by side (nbdev_test's last notebooks leave a core idle), then pytest
+	@$(MAKE) --no-print-directory -j2 --output-sync=target nbtest docs
+	@$(MAKE) --no-print-directory pytest
 
 clean:
 	rm -rf $(VENV) docs/_site docs/_build _proc
