@@ -161,7 +161,7 @@ def projection_rows(cfg: EncoderConfig, prompts: dict, teacher: dict) -> pd.Data
      "(fed `teacher`, `{prompt: fp32 states}`) over bf16's.")
     def local(enc):
         st = collect(enc, prompts, teacher)
-        return (sum(e["rel_l2"] for p in prompts for e in layer_errors(st[p], teacher[p])) 
+        return (sum(e["rel_l2"] for p in prompts for e in layer_errors(st[p], teacher[p]))
                 / (len(prompts) * cfg.selected_layer))
     base = local(build(cfg))
     x = ({name: local(quantize_only_(build(cfg), [name])) / base for name in LAYER_PLAN}
