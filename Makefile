@@ -33,18 +33,20 @@ check-sync: install   # the notebooks are the source: exporting, cleaning and th
 lint: install   # ruff on the sources (the notebooks, not their exports), tests and docs scripts: pyproject.toml's rules
 	$(ACT) && ruff check nbs tests docs
 
-nbtest: install
-	$(ACT) && nbdev_test --n_workers 2 --timing
+# The test steps run two processes at a time (nbdev_test's workers, pytest-xdist's) of one thread each: on 2 cores,
+# threads that spin-wait for a core another process holds cost more than they give.
+ONE := OMP_NUM_THREADS=1
 
-# the notebooks that check live CPU runs against stored CSVs, again under other kernel paths and one thread: what another
-# machine may change must pass (00b_report's check_run), wherever `make test` runs
-STORED_NBS := --path nbs/analysis --file_re '^(00b_report|01_tp_size|02_reduce_precision|03_fp8)\.ipynb$$'
+nbtest: install
+	$(ACT) && $(ONE) nbdev_test --n_workers 2 --timing
+
+# the stored CPU runs (01-03's CSVs) computed once more under the avx2 and default kernels and two threads: what another
+# machine may change must pass (00b_report's stored_runs); part of `make pytest`, here on its own
 stored: install
-	@$(ACT) && for env in ATEN_CPU_CAPABILITY=avx2 ATEN_CPU_CAPABILITY=default OMP_NUM_THREADS=1; do \
-	  echo "stored numbers under $$env"; env $$env nbdev_test --n_workers 2 --timing $(STORED_NBS) || exit 1; done
+	$(ACT) && $(ONE) pytest -q -n 3 tests/test_stored.py
 
 pytest: install   # -rs lists every skipped test with its reason; a skip is named again on the last line
-	@$(ACT) && { log=$$(mktemp); pytest -q -rs tests 2>&1 | tee $$log; rc=$${PIPESTATUS[0]}; \
+	@$(ACT) && { log=$$(mktemp); $(ONE) pytest -q -rs -n 2 --dist worksteal --durations=15 tests 2>&1 | tee $$log; rc=$${PIPESTATUS[0]}; \
 	  skipped=$$(tail -n 1 $$log | grep -o '[0-9]* skipped' | cut -d' ' -f1); rm -f $$log; \
 	  if [ $$rc -eq 5 ]; then \
 	    if ls tests/test_*.py >/dev/null 2>&1; then echo "pytest collected no tests but tests/ has test files"; exit 1; \
@@ -52,7 +54,9 @@ pytest: install   # -rs lists every skipped test with its reason; a skip is name
 	  if [ -n "$$skipped" ]; then echo "make pytest: $$skipped test(s) SKIPPED, so this run is less than CI's:" \
 	    "install what the SKIPPED lines above name (bash .ci/run does it all, as CI)"; fi; exit $$rc; }
 
-test: check-sync lint nbtest stored docs pytest
+test: check-sync lint   # the notebooks and the docs site side by side (nbdev_test's last notebooks leave a core idle), then pytest
+	@$(MAKE) --no-print-directory -j2 --output-sync=target nbtest docs
+	@$(MAKE) --no-print-directory pytest
 
 clean:
 	rm -rf $(VENV) docs/_site docs/_build _proc

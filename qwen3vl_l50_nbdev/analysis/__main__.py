@@ -17,13 +17,15 @@ from ..dist import init_world
 from ..tp import REDUCE_MODES
 from .weights import QUANTS, Massive, massive_channels, make_prompts, small_config
 from .sweep import sweep
-from .report import error_table, provenance, write_csv
+from .report import WRITE_ENV, error_table, provenance, stored_runs, write_csv
 
 # %% ../../nbs/analysis/00c_runner.ipynb #427411cb
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m qwen3vl_l50_nbdev.analysis sweep",
                                 description="per-layer errors of the TP encoder vs fp32")
     a = p.add_argument
+    a("--stored", action="store_true", help="check every stored CPU run live against its CSV (report.stored_runs); "
+      f"{WRITE_ENV}=1: rewrite them")
     a("--full", action="store_true", help="Qwen3-VL-32B dimensions, 50 layers, on CUDA (default: small_config on CPU)")
     a("--device", choices=("cuda", "cpu"), default=None,
       help="default: cuda with --full, else cpu (--full --device cpu: a dry run)")
@@ -48,6 +50,7 @@ def sweep_main(argv=None) -> int:
     ("`[torchrun --nproc_per_node N] python -m qwen3vl_l50_nbdev.analysis sweep [--full] ...`: the error sweep; "
      "rank 0 writes the CSV.")
     a = _parser().parse_args(argv)
+    if a.stored: return stored_runs() and 0
     kind = a.device or ("cuda" if a.full else "cpu")
     if kind == "cuda" and not torch.cuda.is_available():
         raise SystemExit("no CUDA device: --full needs GPUs (or --device cpu for a dry run)")
