@@ -1,4 +1,4 @@
-("Block-FP8 checkpoints (issue #31) on the CPU: the writer's bytes against transformers' quantizer, loading against "
+("Block-FP8 checkpoints on the CPU: the writer's bytes against transformers' quantizer, loading against "
  "transformers' dequantized load, TP 2 on gloo ranks, fast mode, offload, and each bad input refused before compute.")
 import json
 import os
