@@ -172,7 +172,9 @@ def out_of_order(site, pages=None):
     return probs
 
 
-def _norm(s): return re.sub(r"\s+", " ", re.sub(r"[`*¶#]", "", s)).strip()
+def _norm(s):   # Sphinx's smart quotes turn ' into ’ and " into “ ”: compare the plain forms
+    s = s.translate(str.maketrans("’‘“”", "''\"\""))
+    return re.sub(r"\s+", " ", re.sub(r"[`*¶#]", "", s)).strip()
 
 def search_titles(site):
     "The section titles in Sphinx's search index (searchindex.js), which the search page matches queries against."
