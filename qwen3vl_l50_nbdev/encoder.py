@@ -23,7 +23,7 @@ from .fp8_blocks import checkpoint_format, block_kernel, block_fp8_model_
 from .loading import load_weights as fill_weights   # `Encoder.load_weights` checks, then calls it
 from .loading import checkpoint_name
 from .fp8 import quantize_model_, check_fp8_modes
-from .fast import check_mode, no_graphs, FastConfig, apply_fast, warmup
+from .fast import check_mode, no_graphs, FastConfig, runners, apply_fast, warmup
 from .offload import check_offload, CpuOffload, LayerwiseOffload
 
 # %% ../nbs/08_encoder.ipynb #49b5d5c5
@@ -200,7 +200,8 @@ class Encoder(nn.Module):
         # what `fast.apply_fast` sets: its config (None: exact mode), the symmetric-memory sums it made (CUDA, TP > 1),
         # whether it compiled the layers, and the runners (CUDA graphs of the decoder and the vision blocks)
         self.fast, self.sums, self.compiled = None, None, False
-        apply_fast(self, (fast or FastConfig()) if mode == "fast" else None)
+        self.runner, self.vision_runner = runners(self, None)   # exact mode's
+        if mode == "fast": apply_fast(self, fast or FastConfig())
 
 # %% ../nbs/08_encoder.ipynb #697bd9d3
 @patch(cls_method=True)
