@@ -23,7 +23,7 @@ from .fp8_blocks import checkpoint_format, block_kernel, block_fp8_model_
 from .loading import load_weights as fill_weights   # `Encoder.load_weights` checks, then calls it
 from .loading import checkpoint_name
 from .fp8 import quantize_model_, check_fp8_modes
-from .fast import check_mode, no_graphs, FastConfig, apply_fast, warmup
+from .fast import check_mode, no_graphs, FastConfig, runners, apply_fast, warmup
 from .offload import check_offload, CpuOffload, LayerwiseOffload
 
 # %% ../nbs/08_encoder.ipynb #49b5d5c5
@@ -200,18 +200,28 @@ class Encoder(nn.Module):
         # what `fast.apply_fast` sets: its config (None: exact mode), the symmetric-memory sums it made (CUDA, TP > 1),
         # whether it compiled the layers, and the runners (CUDA graphs of the decoder and the vision blocks)
         self.fast, self.sums, self.compiled = None, None, False
-        apply_fast(self, (fast or FastConfig()) if mode == "fast" else None)
+        self.runner, self.vision_runner = runners(self, None)   # exact mode's
+        if mode == "fast": apply_fast(self, fast or FastConfig())
 
 # %% ../nbs/08_encoder.ipynb #697bd9d3
 @patch(cls_method=True)
-def from_pretrained(cls: Encoder, path, selected_layer: int = 50, dtype=torch.bfloat16, device=None,
-                    group: Group | None = None, reduce: str = "fp32", quant: str | None = None,
-                    fp8_granularity: str = "channel", fp8_act: str = "token", progress: bool | None = None,
-                    mode: str = "exact", offload: str | None = None, ring: int = 2,
-                    fast: FastConfig | None = None):
-    ("Load an HF-format Qwen3-VL checkpoint directory onto the encoder group (default: every rank of the world); "
-     "`offload`: None, 'cpu' or 'layerwise' (`ring` device buffers); `fast`: fast mode's config (default "
-     "`FastConfig()`; on CUDA it is warmed up, `fast.warmup`).")
+def from_pretrained(cls: Encoder,
+                    path,                              # an HF-format Qwen3-VL checkpoint directory
+                    selected_layer: int = 50,          # N: the output is the state after decoder layer N-1
+                    dtype=torch.bfloat16,              # the weights' and the output's dtype
+                    device=None,                       # default: this rank's CUDA device, else the CPU
+                    group: Group | None = None,        # the encoder's ranks (default: every rank of the world)
+                    reduce: str = "fp32",              # the row-parallel sums: "bf16", "fp32" or "fp32-partials"
+                    quant: str | None = None,          # None, or "fp8": online FP8 decoder projections
+                    fp8_granularity: str = "channel",  # FP8 weight scales: "channel" or "tensor"
+                    fp8_act: str = "token",            # FP8 activation scales: "token" or "tensor"
+                    progress: bool | None = None,      # a loading bar (default: on rank 0)
+                    mode: str = "exact",               # "exact": HF's bits; "fast": fused kernels and graphs
+                    offload: str | None = None,        # None, "cpu" or "layerwise"
+                    ring: int = 2,                     # layerwise offload's device buffers
+                    fast: FastConfig | None = None,    # fast mode's settings (default `FastConfig()`)
+                   ) -> Encoder:                       # this rank's encoder; outside the group a `NotMember`
+    "Load a checkpoint onto the encoder group; fast mode on CUDA is warmed up (`fast.warmup`)."
     if quant not in (None, "fp8"): raise ValueError(f"quant={quant!r}: choose None or 'fp8'")
     if quant: check_fp8_modes(fp8_granularity, fp8_act)
     _check_placement(offload, mode, ring)
@@ -249,21 +259,28 @@ def forward(self: Encoder, input_ids: torch.Tensor, pixel_values=None, image_gri
                                     video_grid_thw, **processor)], output_device)[0]
 
 @patch
-def encode(self: Encoder, input_ids: torch.Tensor, pixel_values=None, image_grid_thw=None,
-           pixel_values_videos=None, video_grid_thw=None, output_device="cpu", **processor) -> torch.Tensor:
-    ("The unnormalized state after decoder layer `selected_layer-1`: [seq, hidden] in the model dtype, on the CPU "
-     "or `output_device` (this encoder's device). `input_ids` [seq] or [1, seq]; `processor`: an HF processor's "
-     "`attention_mask`, `mm_token_type_ids`.")
+def encode(self: Encoder,
+           input_ids: torch.Tensor,    # token ids [seq] (or [1, seq])
+           pixel_values=None,          # image patches [n_patches, patch_dim], as HF's processor makes them
+           image_grid_thw=None,        # (t, h, w) in patches, a row per image
+           pixel_values_videos=None,   # video patches, as `pixel_values`
+           video_grid_thw=None,        # (t, h, w) in patches, a row per video
+           output_device="cpu",        # "cpu", or this encoder's device
+           **processor,                # an HF processor's `attention_mask` and `mm_token_type_ids`, checked
+          ) -> torch.Tensor:           # [seq, hidden] in the model dtype
+    "One prompt's unnormalized state after decoder layer `selected_layer-1`."
     return self(input_ids, pixel_values, image_grid_thw, pixel_values_videos, video_grid_thw, output_device,
                 **processor)
 
 @patch
 @_serialised
 @torch.inference_mode()
-def encode_batch(self: Encoder, prompts: Iterable[dict], output_device="cpu") -> list[torch.Tensor]:
-    ("`encode` of each prompt (a dict of `encode`'s arguments; a list, or any iterable), as one packed forward: "
-     "the prompts concatenated, each attending only to itself, no padding. Returns [seq_i, hidden] each, on "
-     "`output_device`.")
+def encode_batch(self: Encoder,
+                 prompts: Iterable[dict],   # a dict of `encode`'s arguments per prompt: a list, or any iterable
+                 output_device="cpu",       # as `encode`'s
+                ) -> list[torch.Tensor]:    # [seq_i, hidden] each
+    ("`encode` of each prompt, as one packed forward: the prompts concatenated, each attending only to itself, no "
+     "padding.")
     one = isinstance(prompts, (dict, str)) or not isinstance(prompts, Iterable)   # not a list of prompts
     ps = [prompts] if one else list(prompts)
     if one or not ps or not all(isinstance(p, dict) for p in ps):

@@ -270,11 +270,15 @@ class Processor:
         return self._tokenizer
 
     @classmethod
-    def from_pretrained(cls, path, video: dict | None = None, background: bool = False, **image) -> 'Processor':
-        ("The processor of checkpoint `path`: its tokenizer (`tokenizer.load_tokenizer`; with `background`, built "
-         "in a thread while the caller goes on), its pixel settings (else Qwen3-VL's, with its tower's patch sizes) "
-         "and token ids; `image` and `video` override pixel settings, e.g. `max_pixels=64*64` (a bound given alone "
-         "moves the other where they would cross).")
+    def from_pretrained(cls,
+                        path,                       # a checkpoint directory
+                        video: dict | None = None,  # video pixel settings to override (`PixelConfig` fields)
+                        background: bool = False,   # build the tokenizer in a thread while the caller goes on
+                        **image,                    # image pixel settings to override, e.g. `max_pixels=64*64`
+                       ) -> 'Processor':            # its tokenizer, pixel settings and token ids
+        ("The processor of checkpoint `path`: its tokenizer (`tokenizer.load_tokenizer`), its pixel settings (else "
+         "Qwen3-VL's, with its tower's patch sizes) and token ids; a pixel bound given alone moves the other where "
+         "they would cross.")
         p, cfg = Path(path), EncoderConfig.from_hf(path, 1)
         v = cfg.vision
         own = dict(patch_size=v.patch_size, temporal_patch_size=v.temporal_patch_size, merge_size=v.spatial_merge_size)
@@ -358,10 +362,15 @@ def show(self: Processor, ids) -> str:
 
 # %% ../nbs/11_inputs.ipynb #ea7792e7
 @patch
-def __call__(self: Processor, text: str = "", images=(), videos=(), template: bool = True, system: str | None = None,
-          fps: float = 2.0) -> dict:
-    ("`encode`'s keyword arguments for `text` with `images` (PIL, arrays or paths) and `videos` (files, or lists of "
-     "frames taken as sampled at `fps`): `input_ids` and, when given, the pixels and grids.")
+def __call__(self: Processor,
+             text: str = "",             # the prompt
+             images=(),                  # PIL images, arrays or paths
+             videos=(),                  # video files, or lists of frames
+             template: bool = True,      # in the chat template (else the visual blocks and the text as they are)
+             system: str | None = None,  # the system message (in the template)
+             fps: float = 2.0,           # the rate frame lists were sampled at
+            ) -> dict:                   # `input_ids` and, when given, the pixels and grids
+    "`encode`'s keyword arguments for a prompt with its images and videos."
     text, system = _text(text, "text"), None if system is None else _text(system, "system")
     if isinstance(images, (str, Path, Image.Image, np.ndarray)): images = [images]
     if isinstance(videos, (str, Path)): videos = [videos]

@@ -9,7 +9,6 @@ __all__ = ['STAGES', 'add_sum', 'attn_in', 'attend', 'attn_partial', 'mlp_in', '
 import torch
 from .dist import sum_terms
 from .deepstack import inject
-from .fast_layers import Fp32TextModel
 
 # %% ../nbs/08b_overlap.ipynb #12e92928
 def add_sum(x: torch.Tensor, terms) -> torch.Tensor:
@@ -51,6 +50,7 @@ def overlapped(text, h: torch.Tensor, positions: torch.Tensor, visual_mask=None,
     ("`text(h, ...)`'s result, its layers run on two row halves, each half's sums over the group in flight while the "
      "other half computes; `stages`: `STAGES` or fast mode's compiled copies; `sums`: fast mode's "
      "`dist.SymmetricSums` (None: the group's sums).")
+    from qwen3vl_l50_nbdev.fast_layers import Fp32TextModel   # fast mode's: imported with it, not by exact mode
     dtype = h.dtype
     stream = torch.float32 if isinstance(text, Fp32TextModel) else dtype   # fast mode's fp32: tables and residual
     cos, sin = text.rotary(positions, stream)

@@ -56,7 +56,6 @@ class RMSNorm(nn.Module):
         return h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
 
 # %% ../nbs/05_text.ipynb #a61a4267
-@torch.compiler.disable   # outside any compiled graph: the number of packed prompts must not specialise a layer
 def attend_each(attend, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lens) -> torch.Tensor:
     "`attend` of each packed prompt's rows of q, k, v [heads, seq, head_dim], concatenated; `lens` a list or tensor."
     lens = lens.tolist() if torch.is_tensor(lens) else list(lens)

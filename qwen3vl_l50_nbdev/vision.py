@@ -48,7 +48,6 @@ def pos_interp(grid_thw, side: int, merge: int, device=None):
     return torch.cat(idx).to(device), torch.cat(wts).to(device)
 
 # %% ../nbs/04_vision.ipynb #7a2b1381
-@torch.compiler.disable   # outside any compiled graph: the number and sizes of frames must not specialise a block
 def attend_frames(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lens, scale: float) -> torch.Tensor:
     ("Attention of q, k, v [seq, heads, head_dim] within segments of `lens` (a list or tensor), one call a segment "
      "(HF's): [seq, heads * head_dim].")
@@ -147,7 +146,8 @@ class VisionModel(nn.Module):
                              "(a side x side grid)")
         kw = dict(dtype=dtype, device="meta")   # allocated uninitialised below: load a state dict
         self.patch_embed = PatchEmbed(cfg, **kw)
-        self.pos_embed = nn.Embedding(cfg.num_position_embeddings, cfg.hidden_size, **kw)
+        # given its (meta) weight: no random init, whose normal_ on the meta device would load the compiler
+        self.pos_embed = nn.Embedding.from_pretrained(torch.empty(cfg.num_position_embeddings, cfg.hidden_size, **kw))
         self.rotary = VisionRotary(cfg)         # no parameters
         self.blocks = nn.ModuleList(Block(cfg, **kw) for _ in range(cfg.depth))
         self.merger = PatchMerger(cfg, False, **kw)

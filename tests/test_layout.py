@@ -101,19 +101,21 @@ def test_harness_apart():
     assert all(not d.startswith("analysis") for m, d0 in g.items() if not m.startswith("analysis") for d in d0)
 
 
-def _modules(code: str) -> set[str]:
-    "The modules a fresh interpreter holds after running `code`."
+def _modules(code: str, full: bool = False) -> set[str]:
+    "The modules a fresh interpreter holds after running `code`: top-level names, or `full` dotted names."
     out = subprocess.run([sys.executable, "-c", f"{code}\nimport sys, json; print(json.dumps(sorted(sys.modules)))"],
                          capture_output=True, text=True, timeout=300, cwd=PKG.parent,
                          env=os.environ | {"PYTHONPATH": str(PKG.parent)})
     assert out.returncode == 0, out.stderr[-2000:]
-    return {m.split(".")[0] for m in json.loads(out.stdout.splitlines()[-1])}
+    return {m if full else m.split(".")[0] for m in json.loads(out.stdout.splitlines()[-1])}
 
 
 def test_encoder_imports_nothing_heavy():
-    "`import qwen3vl_l50_nbdev.encoder`: no pandas, matplotlib or transformers."
-    mods = _modules("import qwen3vl_l50_nbdev.encoder")
-    assert "torch" in mods and not mods & set(HEAVY), sorted(mods & set(HEAVY))
+    "`import qwen3vl_l50_nbdev.encoder`: no pandas, matplotlib or transformers, and not the compiler (fast mode's)."
+    mods = _modules("import qwen3vl_l50_nbdev.encoder", full=True)
+    top = {m.split(".")[0] for m in mods}
+    assert "torch" in top and not top & set(HEAVY), sorted(top & set(HEAVY))
+    assert "torch._dynamo" not in mods and "qwen3vl_l50_nbdev.fast_layers" not in mods
 
 
 def test_cli_help_imports_no_torch():
@@ -123,7 +125,7 @@ def test_cli_help_imports_no_torch():
 
 
 def test_encode_imports_no_transformers(tmp_path):
-    "`encode` on an inputs file imports torch and the encoder, not transformers, pandas or matplotlib."
+    "Exact `encode` on an inputs file imports torch and the encoder: no transformers, pandas, matplotlib, compiler."
     import torch
     from safetensors.torch import save_file
     from qwen3vl_l50_nbdev.config import tiny
@@ -131,10 +133,13 @@ def test_encode_imports_no_transformers(tmp_path):
     cfg = tiny(selected_layer=2)
     ckpt = make_tiny_checkpoint(tmp_path / "m", cfg)
     save_file({k: v.contiguous() for k, v in synthetic_inputs(cfg).items()}, tmp_path / "in.safetensors")
-    mods = _modules(f"import torch; torch.set_num_threads(1)\nfrom qwen3vl_l50_nbdev.cli import main\n"
+    full = _modules(f"import torch; torch.set_num_threads(1)\nfrom qwen3vl_l50_nbdev.cli import main\n"
                     f"assert main(['encode', '--model', {str(ckpt)!r}, '--layer', '2', '--inputs', "
-                    f"{str(tmp_path / 'in.safetensors')!r}, '--out', {str(tmp_path / 'h.safetensors')!r}]) == 0")
+                    f"{str(tmp_path / 'in.safetensors')!r}, '--out', {str(tmp_path / 'h.safetensors')!r}]) == 0",
+                    full=True)
+    mods = {m.split(".")[0] for m in full}
     assert (tmp_path / "h.safetensors").exists() and "torch" in mods and "safetensors" in mods
     assert not mods & set(HEAVY), sorted(mods & set(HEAVY))
+    assert "torch._dynamo" not in full, "exact mode's encode loaded the compiler"
     del torch
 
