@@ -12,6 +12,7 @@ __all__ = ['JOB', 'MANIFEST', 'PROVENANCE', 'LOCK', 'OURS', 'NUMERICS', 'input_h
 
 # %% ../nbs/15_dataset.ipynb #1ea892b2
 import contextlib
+import datetime
 import json
 import os
 import re
@@ -486,6 +487,12 @@ def _peers(run: str) -> tuple[str | None, bool]:
             if (v := store.get(k).decode()).startswith("failed\n"): return v.removeprefix("failed\n"), False
     return None, len(keys) == dist.get_world_size()
 
+def _heard(seconds: float = 60):
+    ("A failed rank: wait (at most `seconds`) for rank 0 to say the error it reported (`report_once`'s key), so that "
+     "it is said once.")
+    try: dist.distributed_c10d._get_default_store().wait(["qwen3vl-l50/error/0"], datetime.timedelta(seconds=seconds))
+    except Exception: pass   # rank 0 is busy or gone: this rank says it itself
+
 def _wait(bar, batches: list, run: str):
     ("Rank 0: until every shard is there, or every rank has ended (a shard missing: `check_shards` names it); a "
      "`ValueError` with another rank's error as soon as it reports one.")
@@ -604,6 +611,7 @@ def _encode(model, prompts_file, out, t0, dev, world, tp, cfg, numerics, proc, p
                 _wait(bar, batches, run)   # the other replicas' shards, or their errors
         except BaseException as e:   # rank 0 waits for no rank that failed
             _ended(run, str(e) if isinstance(e, Exception) and str(e) else f"rank {rank}: {type(e).__name__}")
+            if rank and isinstance(e, Exception): _heard()
             raise
     secs = time.perf_counter() - t1
     check_shards(out, batches, job)

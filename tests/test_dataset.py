@@ -328,4 +328,4 @@ def test_cache_inside_out_and_a_full_disk(ckpt, mixed, tmp_path):
                        timeout=300, preexec_fn=small)
     assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr[-2000:]
     assert f"{tmp_path / 'full'}/shard-00000.safetensors: cannot be written" in r.stderr, r.stderr
-    assert r.stderr.count("error:") == 1, r.stderr
+    assert r.stderr.count("encode-dataset: error:") == 1, r.stderr
