@@ -51,7 +51,7 @@ def input_hash(x: dict) -> str:
     for k in sorted(k for k, v in x.items() if v is not None):
         t = torch.as_tensor(x[k]).contiguous()
         h.update(f"{k}:{t.dtype}:{tuple(t.shape)};".encode())
-        h.update(t.view(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+        h.update(t.view(-1).view(torch.uint8).numpy() if t.numel() else b"")   # the buffer itself: no copy
     return h.hexdigest()
 
 # %% ../nbs/15_dataset.ipynb #05621340
