@@ -148,25 +148,32 @@ def release_lock(p: Path):
 # %% ../nbs/15_dataset.ipynb #2ed908f9
 OURS = ("shard-*.safetensors", ".shard-*.tmp", ".*.tmp", JOB, MANIFEST, PROVENANCE)   # what a job writes in its DIR
 
+def _changed(inputs: list, lines: list) -> str:
+    "The first prompt of `lines` ((where, hash)) whose input hash is not the job's (`inputs`), or how many there are."
+    for (where, h), was in zip(lines, inputs):
+        if h != was: return f"{where}: this prompt is not the one the job began with"
+    return f"the file has {len(lines)} prompts, the job began with {len(inputs)}"
+
 def differences(was: dict, now: dict) -> list[str]:
     "The settings that differ, as `name: was there, now`."
     return [f"{k} {was.get(k)!r} there, {now.get(k)!r} now" for k in dict.fromkeys([*was, *now])
             if was.get(k) != now.get(k)]
 
-def check_dir(out, settings: dict, overwrite: bool = False, keep=()) -> str:
+def check_dir(out, settings: dict, overwrite: bool = False, keep=(), lines=None) -> str:
     ("`out` ready for the job `settings` (made if missing, locked: `take_lock`): 'new', 'resume' or 'finished'; "
      "`ValueError` naming the differences from the job there (unless `overwrite`: its job's files removed), or a "
-     "`DIR` that was never a job's (nothing removed). `keep`: paths inside `out` that are not the job's (the cache).")
+     "`DIR` that was never a job's (nothing removed). `keep`: paths inside `out` that are not the job's (the cache); "
+     "`lines`: each prompt's (`file:line`, input hash), to name the first that changed.")
     p = Path(out)
     if str(out).strip() == "": raise ValueError("--out is empty: name a directory for the embeddings")
     if p.exists() and not p.is_dir(): raise ValueError(f"--out {p} is a file: name a directory for the embeddings")
     p.mkdir(parents=True, exist_ok=True)
     if not os.access(p, os.W_OK | os.X_OK): raise ValueError(f"--out {p} is not writable: fix its permissions")
     take_lock(p)
-    try: return _check_job(p, settings, overwrite, {Path(k).resolve() for k in keep})
+    try: return _check_job(p, settings, overwrite, {Path(k).resolve() for k in keep}, lines)
     except BaseException: release_lock(p); raise
 
-def _check_job(p: Path, settings: dict, overwrite: bool, keep: set) -> str:
+def _check_job(p: Path, settings: dict, overwrite: bool, keep: set, lines) -> str:
     if not (p / JOB).exists():   # never a job's: refused whole, with or without --overwrite
         if others := sorted(f.name for f in p.iterdir() if f.name != LOCK and f.resolve() not in keep):
             raise ValueError(f"--out {p} holds files that are not an encode-dataset job's ({others[0]}, ...): name "
@@ -178,7 +185,10 @@ def _check_job(p: Path, settings: dict, overwrite: bool, keep: set) -> str:
     try: was = json.loads((p / JOB).read_text())
     except (OSError, json.JSONDecodeError) as e:
         raise ValueError(f"--out {p}/{JOB} cannot be read ({e}): --overwrite to start the job again") from None
+    inputs = was.pop("inputs", None)   # the job's input hashes, in file order
     if diff := differences(was, settings):
+        if lines is not None and inputs is not None and was.get("prompts") != settings.get("prompts"):
+            diff = [d for d in diff if not d.startswith("prompts ")] + [_changed(inputs, lines)]
         raise ValueError(f"--out {p} holds another job's embeddings: {'; '.join(diff)}. Name another --out, or "
                          "--overwrite to replace them")
     return "finished" if (p / MANIFEST).exists() else "resume"
@@ -565,10 +575,12 @@ def encode_dataset(model,                              # checkpoint directory (H
     batches = plan_batches(items, batch_tokens)
     state = [None]
     def prepare():
-        state[0] = check_dir(out, settings, overwrite, keep=[cache] if cache else ())
+        state[0] = check_dir(out, settings, overwrite, [cache] if cache else (),
+                             [(prompts[it.index].where, it.hash) for it in items])
         try:
             if state[0] == "new":
-                write_atomic(Path(out) / JOB, lambda t: t.write_text(json.dumps(settings, indent=1) + "\n"))
+                job_file = settings | dict(inputs=[it.hash for it in items])   # to name a line that changes
+                write_atomic(Path(out) / JOB, lambda t: t.write_text(json.dumps(job_file, indent=1) + "\n"))
             for f in Path(out).glob(".*.tmp"): f.unlink()   # a killed run's half-written shard or file
             if state[0] == "resume":
                 for bad in recheck(out, batches, job): print(f"encode-dataset: {bad}: encoded again", file=sys.stderr)
