@@ -223,13 +223,21 @@ def die_with_parent(sig: int = signal.SIGTERM):
     try: ctypes.CDLL(None, use_errno=True).prctl(1, int(sig), 0, 0, 0)   # 1 = PR_SET_PDEATHSIG
     except (OSError, AttributeError): pass
 
+_TORCHRUN = ("import logging, sys\n"   # torchrun, quiet when stopped by a signal: the launcher says it in one line
+             "from torch.distributed.run import main\n"
+             "from torch.distributed.elastic.multiprocessing.api import SignalException\n"
+             "logging.getLogger('torch.distributed.elastic').setLevel(logging.ERROR)\n"
+             "try: main(sys.argv[1:])\n"
+             "except SignalException as e: sys.exit(128 + int(e.sigval))\n")
+
 def launch(args: list[str], n: int, what: str = "running") -> int:
     ("`qwen3vl-l50 args` on `n` local ranks under torchrun; returns the CLI's exit code (2 for bad input, said once), "
      "not torchrun's 1 with its launcher traceback. SIGINT and SIGTERM go on to torchrun, which stops the ranks; it "
      "is waited for, and the code is 128 + the signal's number.")
-    argv = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={n}", "--standalone",
-            "-m", "qwen3vl_l50_nbdev.cli", *args]
-    print(f"{what} on {n} rank{'' if n == 1 else 's'}: {command_line(argv[2:])}", flush=True)
+    argv = [f"--nproc_per_node={n}", "--standalone", "-m", "qwen3vl_l50_nbdev.cli", *args]
+    print(f"{what} on {n} rank{'' if n == 1 else 's'}: {command_line(['-m', 'torch.distributed.run', *argv])}",
+          flush=True)
+    argv = [sys.executable, "-c", _TORCHRUN, *argv]
     got = []
     with tempfile.TemporaryDirectory() as d:
         p = subprocess.Popen(argv, env=os.environ | {"OMP_NUM_THREADS": "1", RC_DIR: d},

@@ -71,11 +71,11 @@ def why(tp: int, quant: str | None = None, mode: str = "exact") -> str:
 class Variant(NamedTuple):
     ("One deployment choice: TP size, reduction precision ('none' at TP 1), quantization ('blocks': a block-FP8 "
      "checkpoint's block-scaled GEMMs), FP8 granularity, mode.")
-    tp: int = 1
-    reduce: str = "none"
-    quant: str = "none"
-    granularity: str = "none"
-    mode: str = "exact"
+    tp: int = 1                # tensor-parallel size
+    reduce: str = "none"       # the row-parallel sums' precision: bf16 | fp32 | fp32-partials ('none' at TP 1)
+    quant: str = "none"        # none | fp8 (online) | blocks (a block-FP8 checkpoint's block-scaled GEMMs)
+    granularity: str = "none"  # FP8 scales: tensor | channel | block ('none' without FP8)
+    mode: str = "exact"        # exact (HF's bits) | fast
 
     @property
     def name(self) -> str:

@@ -156,9 +156,9 @@ def _layer(lm: nn.Module, layer: nn.Module, i: int, kw: dict, h: torch.Tensor, d
 # %% ../nbs/11d_hf.ipynb #892109db
 class Reference(NamedTuple):
     "Per prompt, each layer's state on the host: the reference's, HF bf16's, HF bf16's fed the reference (local)."
-    states: dict
-    hf: dict
-    hf_local: dict
+    states: dict       # {prompt: [the reference's state after each layer]} (fp32 or fp64)
+    hf: dict           # {prompt: [HF bf16's state after each layer]}
+    hf_local: dict     # {prompt: [HF bf16's layer fed the reference's previous state]}: each layer's own error
     seconds: float     # the whole streamed run, both dtypes
     peak_gib: float    # its peak device memory (on the CPU: the process's peak resident memory so far)
 

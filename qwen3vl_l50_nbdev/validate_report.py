@@ -16,6 +16,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 from .contract import Variant, contract
+from .files import write_atomic
 
 # %% ../nbs/13a_validate_report.ipynb #23f808f1
 HF_BF16 = "HF bf16"   # the baseline's name in the results
@@ -203,5 +204,8 @@ def write_report(out) -> tuple[Path, Path]:
         return None, None
     if "matplotlib.pyplot" not in sys.modules: matplotlib.use("Agg")   # no display on a GPU node
     df = load_results(out)
-    (Path(out) / "report.html").write_text(report_html(df), encoding="utf-8")
+    try: write_atomic(Path(out) / "report.html", lambda t: t.write_text(report_html(df), encoding="utf-8"))
+    except OSError as e:
+        raise ValueError(f"{Path(out) / 'report.html'} cannot be written ({e.strerror or e}): free space there or "
+                         "name another --out") from None
     return Path(out) / "report.html", report_notebook(out)

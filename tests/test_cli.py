@@ -379,6 +379,7 @@ def test_signal_stops_nproc_and_its_ranks(sig, ckpt, tmp_path):
         time.sleep(5)   # a rank left running would write the output by now
         assert sorted(x.name for x in tmp_path.iterdir()) == ["long.safetensors"], list(tmp_path.iterdir())
         assert rc == 128 + sig, ("".join(err))[-3000:]   # the shell's code for it, as an exit code
+        assert "Traceback" not in "".join(err) and "interrupted by" in "".join(err), "".join(err)[-3000:]   # one line
     finally:
         try: os.killpg(p.pid, signal.SIGKILL)
         except ProcessLookupError: pass

@@ -229,3 +229,103 @@ def test_two_launchers_one_job(ckpt, mixed, tmp_path):
     assert sum("encoded 12 prompts" in o[0] for o in outs) == 1, outs   # rank 0 says it, once
     assert json.loads((tmp_path / "o" / "provenance.json").read_text())["world"] == 2
     same(tmp_path / "o", singles(ckpt, mixed))
+
+
+def _partial(ckpt, prompts, out, *more):
+    "A finished job's DIR without its manifest and provenance: what a run killed near its end leaves."
+    assert main(args(ckpt, prompts, out, "--batch-tokens", 200, *more)) == 0
+    (out / MANIFEST).unlink(); (out / "provenance.json").unlink()
+
+
+def test_failing_replica_ends_the_job(ckpt, mixed, tmp_path):
+    "Replica 1 cannot write its cache entries: the job ends (no rank waits for it), rc 2, its error said once."
+    from qwen3vl_l50_nbdev.dataset import Cache, Item, assign, plan_batches
+    assert main(args(ckpt, mixed, tmp_path / "y", "--batch-tokens", 200)) == 0   # the job's settings, input hashes
+    c = Cache(tmp_path / "c", json.loads((tmp_path / "y" / "job.json").read_text()), 0)
+    rows = pq.read_table(tmp_path / "y" / MANIFEST).to_pylist()
+    batches = plan_batches([Item(r["line"], r["id"], r["tokens"], r["input_hash"]) for r in rows], 200)
+    two = assign({k: sum(it.tokens for it in b) for k, b in enumerate(batches)}, 2)
+    first = {c.path(it.hash).parent for k in two[0] for it in batches[k]}
+    blocked = [p for k in two[1] for it in batches[k] if (p := c.path(it.hash).parent) not in first]
+    assert blocked, "every cache prefix of replica 1 is replica 0's too: another seed"
+    blocked[0].write_text("x")   # a file where replica 1's cache directory goes
+    try: r = run(*args(ckpt, mixed, tmp_path / "z", "--batch-tokens", 200, "--cache", c.root, "--nproc", 2),
+                 timeout=180)
+    except subprocess.TimeoutExpired: pytest.fail("a replica failed and the job did not end")
+    assert r.returncode == 2 and f"cannot make {blocked[0]}" in r.stderr, r.stderr[-3000:]
+    assert r.stderr.count("cannot make") == 1 and "Traceback" not in r.stderr, r.stderr[-3000:]
+
+
+def test_vanished_shard_ends_the_job(ckpt, long, tmp_path):
+    "A shard deleted while the job runs: the job ends with rc 2 naming it; the same command then finishes the job."
+    out = tmp_path / "o"
+    p = subprocess.Popen([*CLI, *args(ckpt, long, out, "--batch-tokens", 9000)], env=ENV, stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True)
+    try:
+        first = out / "shard-00000.safetensors"
+        t0 = time.monotonic()
+        while not first.exists() and p.poll() is None and time.monotonic() - t0 < 120: time.sleep(0.005)
+        first.unlink()
+        try: _, err = p.communicate(timeout=180)
+        except subprocess.TimeoutExpired: pytest.fail("a shard vanished and the job did not end")
+    finally: p.kill()
+    assert p.returncode == 2 and f"{first}: missing" in err and "run the same command again" in err, err[-2000:]
+    r = run(*args(ckpt, long, out, "--batch-tokens", 9000))
+    assert r.returncode == 0 and "encoded 36 prompts" not in r.stdout, r.stdout + r.stderr[-2000:]   # the one shard
+    assert len(load_embeddings(out)) == 36
+
+
+def test_second_job_on_the_same_out_is_refused(ckpt, long, tmp_path):
+    "A job on a DIR in use, even with --overwrite, is refused naming the first; the first ends whole."
+    out = tmp_path / "o"
+    cmd = [*CLI, *args(ckpt, long, out, "--batch-tokens", 9000)]
+    p = subprocess.Popen(cmd, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        t0 = time.monotonic()
+        while not (out / "job.json").exists() and p.poll() is None and time.monotonic() - t0 < 120: time.sleep(0.02)
+        r = run(*args(ckpt, long, out, "--batch-tokens", 9000)[:-2], "--layer", "2", "--overwrite")
+        assert r.returncode == 2 and f"is in use by another encode-dataset job (pid {p.pid} on" in r.stderr, r.stderr
+        try: _, err = p.communicate(timeout=300)
+        except subprocess.TimeoutExpired: pytest.fail("the first job did not end")
+    finally: p.kill()
+    assert p.returncode == 0, err[-2000:]
+    assert len(load_embeddings(out)) == 36 and not (out / ".lock").exists()
+
+
+def test_resume_rechecks_the_shards(ckpt, mixed, tmp_path, capsys):
+    ("A partial DIR whose shards are damaged (bytes changed), truncated or another job's (fast mode): each is found "
+     "at the start of the resume, named, encoded again: `encode`'s bits. Other code or weights there: refused.")
+    out, fast = tmp_path / "o", tmp_path / "f"
+    _partial(ckpt, mixed, out)
+    _partial(ckpt, mixed, fast, "--mode", "fast")
+    s = [out / f"shard-0000{k}.safetensors" for k in range(4)]
+    b = bytearray(s[1].read_bytes()); b[-100:-36] = bytes(x ^ 0x5A for x in b[-100:-36]); s[1].write_bytes(b)
+    s[2].write_bytes(s[2].read_bytes()[:1000])
+    s[3].write_bytes((fast / s[3].name).read_bytes())
+    capsys.readouterr()
+    assert main(args(ckpt, mixed, out, "--batch-tokens", 200)) == 0
+    err = capsys.readouterr().err
+    for p, why in zip(s[1:], ("damaged", "cannot be read", "written by another job")):
+        assert f"{p}: {why}" in err and "encoded again" in err, err
+    same(out, singles(ckpt, mixed))
+    (out / MANIFEST).unlink()
+    job = json.loads((out / "job.json").read_text())
+    (out / "job.json").write_text(json.dumps(job | dict(code="0123abc+dirty-feedbeef")))   # another code's job
+    assert main(args(ckpt, mixed, out, "--batch-tokens", 200)) == 2
+    assert "code '0123abc+dirty-feedbeef' there" in capsys.readouterr().err
+
+
+def test_cache_inside_out_and_a_full_disk(ckpt, mixed, tmp_path):
+    "`--cache` inside `--out` works, twice; a file size limit (a full disk) gives one line, rc 2, naming the shard."
+    import resource
+    out = tmp_path / "o"
+    for _ in range(2):
+        r = run(*args(ckpt, mixed, out, "--cache", out / "cache"))
+        assert r.returncode == 0, r.stderr[-2000:]
+    def small():
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN); resource.setrlimit(resource.RLIMIT_FSIZE, (20000, 20000))
+    r = subprocess.run([*CLI, *args(ckpt, mixed, tmp_path / "full")], env=ENV, capture_output=True, text=True,
+                       timeout=300, preexec_fn=small)
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr[-2000:]
+    assert f"{tmp_path / 'full'}/shard-00000.safetensors: cannot be written" in r.stderr, r.stderr
+    assert r.stderr.count("encode-dataset: error:") == 1, r.stderr

@@ -166,6 +166,7 @@ def test_bad_input_stops_first(case, msg, ckpt, prompts, tmp_path, capsys, no_we
     err = capsys.readouterr().err.strip()
     assert rc == 2 and len(err.splitlines()) == 1 and err.startswith("qwen3vl-l50 validate: error: "), err
     assert msg in err, err
+    if not case.startswith("out"): assert not out.exists()   # bad input leaves no --out behind
 
 
 def test_bad_input_once_under_torchrun(ckpt, prompts, tmp_path):
@@ -191,3 +192,23 @@ def test_help():
     assert r.returncode == 0 and "usage: qwen3vl-l50 validate" in r.stdout
     for flag in ("--tp", "--reduce", "--quant", "--fp8-granularity", "--mode", "--ref-dtype", "--nproc", "--prompts"):
         assert flag in r.stdout, flag
+
+
+def test_report_replaced_said_interrupted_marked_full_disk_named(ckpt, prompts, tmp_path, capsys, monkeypatch):
+    ("An earlier report is said to be replaced; an interrupted run leaves INCOMPLETE, not the old PASS report; a "
+     "results.csv that cannot be written is named, and none is left half-written.")
+    out = tmp_path / "o"; out.mkdir()
+    for f in ("results.csv", "report.html"): (out / f).write_text("an old PASS")
+    def stop(enc, v): raise KeyboardInterrupt
+    with pytest.raises(KeyboardInterrupt): V.run_validate(args(ckpt, prompts, out), perturb=stop)
+    assert "replacing the earlier report in" in capsys.readouterr().out
+    assert sorted(f.name for f in out.iterdir()) == ["INCOMPLETE"]
+    def full(self, path, **kw): raise OSError(28, "No space left on device")
+    monkeypatch.setattr(pd.DataFrame, "to_csv", full)
+    with pytest.raises(ValueError, match="results.csv cannot be written \\(No space left on device\\)"):
+        V.run_validate(args(ckpt, prompts, out))
+    assert sorted(f.name for f in out.iterdir()) == ["INCOMPLETE"]
+    monkeypatch.undo()
+    assert V.run_validate(args(ckpt, prompts, out)) in (0, 1)
+    assert sorted(f.name for f in out.iterdir() if not f.name.startswith(".")) == ["report.html", "report.ipynb",
+                                                                                  "results.csv"]
