@@ -30,7 +30,7 @@ from .tp import STYLES
 from .dist import Group
 from .config import path_exists, read_json, is_int
 from .fp8_blocks import (SCALE_DTYPES, BLOCK_LAYERS, BlockTensor, block_format, check_scales,
-                                          check_scale_values, scale_name, checkpoint_format)
+                                          check_scale_values, scale_name, checkpoint_format, SCALE_MAX)
 
 # %% ../nbs/07_loading.ipynb #40148614
 # HF's modules -> ours; below them names are equal
@@ -154,9 +154,9 @@ _NAMES = {torch.bfloat16: "BF16", torch.float16: "F16", torch.float32: "F32", to
           torch.int64: "I64", torch.bool: "BOOL"}
 
 def _bad_values(v: torch.Tensor, scales: bool = False) -> torch.Tensor:
-    ("How many values of `v` no weight may hold, NaN or Inf (block `scales`: any not finite and positive), as a "
-     "0-d tensor where `v` is: counted on the device, read when the caller chooses.")
-    if scales: return (~(torch.isfinite(v) & (v > 0))).sum()
+    ("How many values of `v` no weight may hold, NaN or Inf (block `scales`: any not finite and positive, or above "
+     "`SCALE_MAX`), as a 0-d tensor where `v` is: counted on the device, read when the caller chooses.")
+    if scales: return (~(torch.isfinite(v) & (v > 0) & (v <= SCALE_MAX))).sum()
     if v.dtype == torch.float8_e4m3fn: return ((v.view(torch.uint8) & 0x7F) == 0x7F).sum()   # no Inf; NaN: 0x7F, 0xFF
     return (~torch.isfinite(v)).sum()
 

@@ -207,7 +207,7 @@ def real_vocab_fp8(tmp_path_factory):
 def test_validate_block_fp8_checkpoint(real_vocab_fp8, tmp_path, capsys):
     ("`validate` on a block-FP8 checkpoint (CPU: dequantized): its streamed reference is transformers' own FP8 load, "
      "exact mode HF bf16's bits at every layer, fast within its bound, the verdict PASS and the report saying FP8.")
-    from qwen3vl_l50_nbdev import validate as V
+    from qwen3vl_l50_nbdev import validate as V, validate_report as R
     from qwen3vl_l50_nbdev.cli import main, parser
     from qwen3vl_l50_nbdev.hf import hf_reference
     model, prompts = real_vocab_fp8
@@ -216,11 +216,11 @@ def test_validate_block_fp8_checkpoint(real_vocab_fp8, tmp_path, capsys):
                              "--max-pixels", "4096", "--layer", "3", "--mode", "exact,fast"])
     assert V.run_validate(a) == 0
     assert "PASS: every variant within the numerics contract" in capsys.readouterr().out
-    df = V.load_results(out)
-    assert list(dict.fromkeys(df.variant)) == [V.HF_BF16, "tp1 exact", "tp1 fast"]
+    df = R.load_results(out)
+    assert list(dict.fromkeys(df.variant)) == [R.HF_BF16, "tp1 exact", "tp1 fast"]
     assert df.weights.eq("fp8 blocks 128x128").all() and set(df.prompt) == {"photo", "text"}
     assert df[df.variant == "tp1 exact"].bitwise_hf.all() and df.layer.max() == 3
-    assert V.verdicts(df).passed.all()
+    assert R.verdicts(df).passed.all()
     html = (out / "report.html").read_text()
     assert "fp8 blocks 128x128" in html and "within the numerics contract" in html
     # the reference validate streams is transformers' from_pretrained of the FP8 checkpoint (its dequantized load)
