@@ -34,7 +34,7 @@ def check_mode(mode: str) -> str:
 # %% ../nbs/08a_fast.ipynb #48b345d1
 PAD = 16            # rows: a graphed prompt is padded to a multiple of this
 GRAPH_ROWS = 1536   # rows: exact mode replays CUDA graphs up to here (one per length); longer runs as it is
-FAST_GRAPH_ROWS = 512   # rows: fast mode's graphs up to here, where they still pay (`analysis/09_startup`)
+FAST_GRAPH_ROWS = 1024   # rows: fast mode's graphs up to here, where they still pay (`analysis/09_startup`)
 
 def pad_to(n: int, multiple: int = PAD) -> int:
     "`n` rows rounded up to a multiple of `multiple`."

@@ -170,39 +170,18 @@ def block_mm_reference(x: torch.Tensor, w: torch.Tensor, scale_inv: torch.Tensor
     return (xd @ dequantize_blocks(w, scale_inv, block).T).to(out_dtype)
 
 # %% ../nbs/09a_fp8_blocks.ipynb #969c0738
-try:   # comes with torch's CUDA wheels; the CPU wheel has none
-    import triton
-    import triton.language as tl
-except ImportError: triton = None
-
-if triton is not None:
-    @triton.jit
-    def _act_quant_kernel(x_ptr, q_ptr, s_ptr, M, K, QINV: tl.constexpr, NG: tl.constexpr, G: tl.constexpr):
-        # row m, groups c*NG .. c*NG+NG-1 of G columns: amax, scale, quantize; scales stored outer-dim-major (s[g*M+m])
-        m, c = tl.program_id(0), tl.program_id(1)
-        g = c * NG + tl.arange(0, NG)
-        ok = g < K // G
-        cols = g[:, None] * G + tl.arange(0, G)[None, :]
-        x = tl.load(x_ptr + m * K + cols, mask=ok[:, None], other=0.0).to(tl.float32)
-        s = tl.maximum(tl.max(tl.abs(x), 1), 1e-12) * QINV   # as the reference: times 1/448 (fp32), an IEEE division
-        tl.store(q_ptr + m * K + cols, tl.div_rn(x, s[:, None]).to(q_ptr.dtype.element_ty), mask=ok[:, None])
-        tl.store(s_ptr + g * M + m, s, mask=ok)
-
-    @torch.library.triton_op("qwen3vl_l50::quantize_act_blocks", mutates_args=())
-    def _quantize_act_triton(x: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
-        M, K = x.shape
-        q = torch.empty(M, K, dtype=FP8, device=x.device)
-        s = torch.empty_strided((M, K // k), (1, M), dtype=torch.float32, device=x.device)
-        torch.library.wrap_triton(_act_quant_kernel)[(M, triton.cdiv(K // k, 8))](x, q, s, M, K, 1 / FP8_MAX, 8, k)
-        return q, s
+def _fused_op():
+    "The Triton quantizer as a torch op (`fp8_kernel`), imported on first use; None without Triton."
+    from qwen3vl_l50_nbdev.fp8_kernel import quantize_act_op
+    return quantize_act_op()
 
 def quantize_act_fused(x: torch.Tensor, k: int = 128) -> tuple[torch.Tensor, torch.Tensor]:
     ("`quantize_act_blocks`'s bits in one pass over `x` (a Triton kernel, CUDA), the scales written outer-dim-major "
      "as cuBLAS's block-scaled GEMM takes them; elsewhere `quantize_act_blocks` itself.")
     if x.ndim != 2 or x.shape[1] % k:
         raise ValueError(f"activations of shape {list(x.shape)}: need [rows, columns] with columns a multiple of {k}")
-    if triton is None or not x.is_cuda: return quantize_act_blocks(x, k)
-    return torch.ops.qwen3vl_l50.quantize_act_blocks(x.contiguous(), k)
+    if not x.is_cuda or (op := _fused_op()) is None: return quantize_act_blocks(x, k)
+    return op(x.contiguous(), k)
 
 # %% ../nbs/09a_fp8_blocks.ipynb #8b9745a3
 def block_scaled_mm(xq: torch.Tensor, xs: torch.Tensor, w: torch.Tensor, scale_inv: torch.Tensor,
@@ -280,7 +259,7 @@ def _probe(device: torch.device) -> str:
 
 def _probe_fused(device: torch.device) -> bool:
     "Does `quantize_act_fused` give `quantize_act_blocks`' bits on `device` (an all-zero group and odd rows included)?"
-    if device.type != "cuda" or triton is None: return False
+    if device.type != "cuda" or _fused_op() is None: return False
     x = torch.randn(6, 1280, generator=torch.Generator(device).manual_seed(1), device=device, dtype=torch.bfloat16) * 4
     x[1, 128:256] = 0
     try: (q, s), (rq, rs) = quantize_act_fused(x), quantize_act_blocks(x)

@@ -11,7 +11,7 @@ import pytest
 
 PKG = Path(__file__).resolve().parents[1] / "qwen3vl_l50_nbdev"
 # the core, low to high: a module imports only modules to its left (settings and config import nothing of ours)
-ORDER = ("settings config metrics provenance dist files tp rope vision deepstack text tiny fp8 fp8_blocks loading "
+ORDER = ("settings config metrics provenance dist files tp rope vision deepstack text tiny fp8 fp8_kernel fp8_blocks loading "
          "fast_layers overlap fast offload encoder tokenizer inputs prompts contract hf validate_report validate "
          "dataset cli").split()
 TEST_ONLY = "testing"   # imports anything; nothing in the core imports it
@@ -143,3 +143,39 @@ def test_encode_imports_no_transformers(tmp_path):
     assert "torch._dynamo" not in full, "exact mode's encode loaded the compiler"
     del torch
 
+
+
+def test_triton_only_in_fp8_kernel():
+    ("Importing Triton and registering a Triton op cost a fresh process seconds: only `fp8_kernel` imports Triton at its "
+     "top level, and no module imports `fp8_kernel` at its top level (block FP8 imports it on its first CUDA call).")
+    bad = []
+    for p in PKG.rglob("*.py"):
+        body = ast.parse(p.read_text()).body
+        top = [n for n in body if isinstance(n, (ast.Import, ast.ImportFrom))]
+        top += [n for t in body if isinstance(t, ast.Try) for n in t.body if isinstance(n, (ast.Import, ast.ImportFrom))]
+        names = {a.name for n in top for a in n.names} | {n.module or "" for n in top if isinstance(n, ast.ImportFrom)}
+        if any(x.split(".")[0] == "triton" for x in names) and _name(p) != "fp8_kernel": bad.append(f"{p.name}: triton")
+        if any(x.endswith("fp8_kernel") for x in names): bad.append(f"{p.name}: fp8_kernel")
+    assert bad == [], bad
+
+
+def test_encode_prompt_with_tokenizer_files_imports_no_transformers(tmp_path):
+    ("A real-format checkpoint ships tokenizer.json and a chat template: exact `encode --prompt` reads both without "
+     "importing transformers (seconds in a fresh process).")
+    from qwen3vl_l50_nbdev.config import tiny
+    from qwen3vl_l50_nbdev.inputs import with_qwen_vocab
+    from qwen3vl_l50_nbdev.tiny import make_tiny_checkpoint
+    from qwen3vl_l50_nbdev.tokenizer import byte_tokenizer
+    ckpt = make_tiny_checkpoint(tmp_path / "m", with_qwen_vocab(tiny(selected_layer=2)))
+    byte_tokenizer().to_transformers().save_pretrained(ckpt)
+    (ckpt / "chat_template.jinja").write_text(
+        "{% for m in messages %}<|im_start|>{{ m.role }}\n{% for c in m.content %}{% if c.type == 'text' %}"
+        "{{ c.text }}{% endif %}{% endfor %}<|im_end|>\n{% endfor %}"
+        "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+    out = tmp_path / "h.safetensors"
+    full = _modules(f"import torch; torch.set_num_threads(1)\nfrom qwen3vl_l50_nbdev.cli import main\n"
+                    f"assert main(['encode', '--model', {str(ckpt)!r}, '--layer', '2', '--prompt', 'a harbour at dawn',"
+                    f" '--out', {str(out)!r}]) == 0", full=True)
+    mods = {m.split(".")[0] for m in full}
+    assert out.exists() and (ckpt / "tokenizer.json").exists()
+    assert not mods & set(HEAVY), sorted(mods & set(HEAVY))
