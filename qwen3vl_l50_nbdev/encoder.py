@@ -124,20 +124,8 @@ class NotMember(nn.Module):
 
 # %% ../nbs/08_encoder.ipynb #babb1bc1
 import functools
-import importlib
 import threading
 from .config import is_int
-
-def _import_in_thread(*names: str) -> threading.Thread:
-    ("Import the modules `names` in a thread (the compiler's cost a fresh process seconds; the weights load "
-     "meanwhile). A failure is left for the import that needs the module to report.")
-    def run():
-        for n in names:
-            try: importlib.import_module(n)
-            except Exception: return
-    t = threading.Thread(target=run, name="qwen3vl-imports", daemon=True)
-    t.start()
-    return t
 
 def _serialised(encode):
     "`encode`, one call at a time per encoder: at TP=1 a concurrent call waits; at TP>1 it is refused."
@@ -244,8 +232,6 @@ def from_pretrained(cls: Encoder,
     if not group.is_member: return NotMember(group, cfg)
     if device is None:
         device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else "cpu"
-    if mode == "fast" and torch.device(device).type == "cuda":   # compiled there: the compiler imported meanwhile
-        _import_in_thread("qwen3vl_l50_nbdev.fast_layers", "torch._inductor.compile_fx")
     fp8_gemms = blocks is not None and block_kernel(device) == "scaled_mm"   # else dequantized to `dtype` on load
     with projections_on_meta() if fp8_gemms else contextlib.nullcontext():   # never a bf16 copy of FP8 projections
         enc = cls(cfg, group, reduce, dtype, "cpu" if offload else device)   # offloaded: into host memory

@@ -11,8 +11,8 @@ import pytest
 
 PKG = Path(__file__).resolve().parents[1] / "qwen3vl_l50_nbdev"
 # the core, low to high: a module imports only modules to its left (settings and config import nothing of ours)
-ORDER = ("settings config metrics provenance dist files tp rope vision deepstack text tiny fp8 fp8_kernel fp8_blocks loading "
-         "fast_layers overlap fast offload encoder tokenizer inputs prompts contract hf validate_report validate "
+ORDER = ("settings config metrics provenance dist files tp rope vision deepstack text tiny fp8 fp8_kernel fp8_blocks "
+         "loading fast_layers overlap fast offload encoder tokenizer inputs prompts contract hf validate_report validate "
          "dataset cli").split()
 TEST_ONLY = "testing"   # imports anything; nothing in the core imports it
 HEAVY = ("transformers", "pandas", "matplotlib")
@@ -146,13 +146,14 @@ def test_encode_imports_no_transformers(tmp_path):
 
 
 def test_triton_only_in_fp8_kernel():
-    ("Importing Triton and registering a Triton op cost a fresh process seconds: only `fp8_kernel` imports Triton at its "
-     "top level, and no module imports `fp8_kernel` at its top level (block FP8 imports it on its first CUDA call).")
+    ("Importing Triton and registering a Triton op cost a fresh process seconds: only `fp8_kernel` imports Triton at "
+     "its top level, and no module imports `fp8_kernel` at its top level (block FP8 imports it on its first CUDA call).")
     bad = []
     for p in PKG.rglob("*.py"):
         body = ast.parse(p.read_text()).body
         top = [n for n in body if isinstance(n, (ast.Import, ast.ImportFrom))]
-        top += [n for t in body if isinstance(t, ast.Try) for n in t.body if isinstance(n, (ast.Import, ast.ImportFrom))]
+        top += [n for t in body if isinstance(t, ast.Try) for n in t.body
+                if isinstance(n, (ast.Import, ast.ImportFrom))]
         names = {a.name for n in top for a in n.names} | {n.module or "" for n in top if isinstance(n, ast.ImportFrom)}
         if any(x.split(".")[0] == "triton" for x in names) and _name(p) != "fp8_kernel": bad.append(f"{p.name}: triton")
         if any(x.endswith("fp8_kernel") for x in names): bad.append(f"{p.name}: fp8_kernel")
