@@ -62,13 +62,13 @@ def _regex(template: str) -> re.Pattern:
                               else rf"(?P<{p}>\d+)" if p == "i" else rf"(?P<{p}>.+)"
                               for k, p in enumerate(parts)))
 
-# %% ../nbs/07_loading.ipynb #1b0c4bb8
+# %% ../nbs/07_loading.ipynb #dc009fa4
 def checkpoint_name(name: str) -> str:
     ("A tensor's name as in a checkpoint: a `Qwen3VLModel`'s own names (`language_model.`, "
      "`visual.`) under `model.`.")
     return "model." + name if name.startswith(("language_model.", "visual.")) else name
 
-# %% ../nbs/07_loading.ipynb #47ba4ac9
+# %% ../nbs/07_loading.ipynb #464f649c
 def map_name(hf_name: str, selected_layer: int) -> tuple[str, int | None] | None:
     ("Our parameter and fused split for checkpoint tensor `hf_name`, or None when the encoder "
      "skips it.")
@@ -85,7 +85,7 @@ def map_name(hf_name: str, selected_layer: int) -> tuple[str, int | None] | None
     raise ValueError(f"checkpoint tensor {hf_name!r} is under none of {list(ROOTS)} and not "
                      f"skipped ({', '.join(SKIPPED)}): is this a Qwen3-VL checkpoint?")
 
-# %% ../nbs/07_loading.ipynb #9d06aaab
+# %% ../nbs/07_loading.ipynb #33980e27
 def source_name(param: str, split: int | None = None) -> str:
     ("The checkpoint tensor that fills our parameter `param` (its `split`, for a fused one): "
      "`map_name` backwards.")
@@ -108,20 +108,20 @@ def sharding_rule(mod: nn.Module, leaf: str) -> int | None:
                                   "sharded")
     return mod.shard_dim
 
-# %% ../nbs/07_loading.ipynb #856b98bf
+# %% ../nbs/07_loading.ipynb #42a068d8
 def param_splits(mod: nn.Module, leaf: str) -> list:
     ("The splits a parameter is filled from: each output split of a fused column-parallel weight, "
      "else one (None).")
     fused = len(getattr(mod, "splits", ())) > 1 and leaf == "weight"
     return list(range(len(mod.splits))) if fused else [None]
 
-# %% ../nbs/07_loading.ipynb #b7ad96b8
+# %% ../nbs/07_loading.ipynb #976d667b
 def _part(mod: nn.Module, leaf: str, split: int | None) -> torch.Tensor:
     "This rank's part of parameter `leaf` that holds `split` (all of it when None)."
     p = getattr(mod, leaf).data
     return p if split is None else p.split(mod.local_splits)[split]
 
-# %% ../nbs/07_loading.ipynb #8de33243
+# %% ../nbs/07_loading.ipynb #1567e1a8
 def full_shape(mod: nn.Module, leaf: str, split: int | None) -> tuple:
     ("The shape of the checkpoint tensor that this parameter (split) is a slice of (without a TP "
      "layer's `padding`).")
@@ -129,14 +129,14 @@ def full_shape(mod: nn.Module, leaf: str, split: int | None) -> tuple:
     if (dim := sharding_rule(mod, leaf)) is not None: s[dim] = s[dim] * mod.group.size - mod.padding
     return tuple(s)
 
-# %% ../nbs/07_loading.ipynb #8012bf71
+# %% ../nbs/07_loading.ipynb #7c6d6f06
 def fill_(mod: nn.Module, leaf: str, split: int | None, full):
     ("Copy this rank's part of the full tensor `full` (a tensor, or a checkpoint slice read on "
      "demand) into `mod.leaf` (`split`).")
     if sharding_rule(mod, leaf) is not None: mod.load(full, split)
     else: getattr(mod, leaf).data.copy_(full if isinstance(full, torch.Tensor) else full.read())
 
-# %% ../nbs/07_loading.ipynb #aa617df1
+# %% ../nbs/07_loading.ipynb #2f31bc1c
 class Target(NamedTuple):
     ("What a checkpoint tensor fills: our parameter, its split (fused) or None, and the full "
      "tensor's shape.")
@@ -144,7 +144,7 @@ class Target(NamedTuple):
     split: int | None
     shape: tuple
 
-# %% ../nbs/07_loading.ipynb #0f7b8687
+# %% ../nbs/07_loading.ipynb #46b18e5b
 def checkpoint_tensors(model: nn.Module) -> dict[str, Target]:
     ("Every checkpoint tensor (HF name) that `model` needs, with the parameter it fills and its "
      "full shape.")
@@ -170,12 +170,12 @@ def _check_complete(model: nn.Module, filled: dict):
         raise RuntimeError(f"{len(problems)} parameter(s) not loaded: " + "; ".join(problems[:8])
                            + (" ..." if len(problems) > 8 else ""))
 
-# %% ../nbs/07_loading.ipynb #25694709
+# %% ../nbs/07_loading.ipynb #dc68a507
 def _depth(model: nn.Module) -> int:
     "The decoder layers `model` keeps (its `text.layers`), the `selected_layer` it is loaded for."
     return len(model.get_submodule("text.layers")) if hasattr(model, "text") else 0
 
-# %% ../nbs/07_loading.ipynb #df6ae886
+# %% ../nbs/07_loading.ipynb #c08a9be1
 # safetensors' names of the weight dtypes loaded (cast on load)
 FLOAT_DTYPES = ("BF16", "F16", "F32", "F64")
 _NAMES = {torch.bfloat16: "BF16", torch.float16: "F16", torch.float32: "F32", torch.float64: "F64",
@@ -191,11 +191,12 @@ def _bad_values(v: torch.Tensor, scales: bool = False) -> torch.Tensor:
     if v.dtype == torch.float8_e4m3fn: return ((v.view(torch.uint8) & 0x7F) == 0x7F).sum()
     return (~torch.isfinite(v)).sum()
 
-# %% ../nbs/07_loading.ipynb #f0cb9879
+# %% ../nbs/07_loading.ipynb #5e38e70a
 def check_weight(name: str, dtype, values: torch.Tensor | None = None, where: str = "",
                  allowed=FLOAT_DTYPES):
-    ("Raise `ValueError` unless checkpoint tensor `name` (`where`: in which file) can be a weight: "
-     "`dtype` (torch's, or safetensors' name) one of `allowed`, and `values`, when given, finite.")
+    ("Raise `ValueError` unless checkpoint tensor `name` (`where`: in which file) can be a "
+     "weight: `dtype` (torch's, or safetensors' name) one of `allowed`, and `values`, when given, "
+     "finite.")
     if isinstance(dtype, torch.dtype): dtype = _NAMES.get(dtype, str(dtype).removeprefix("torch."))
     if dtype not in allowed:
         raise ValueError(f"{name} is {dtype}{where}: weights must be one of {list(allowed)}; an "
@@ -207,7 +208,7 @@ def check_weight(name: str, dtype, values: torch.Tensor | None = None, where: st
                          "one makes every output row NaN; the weights are corrupt: copy or "
                          "download them again")
 
-# %% ../nbs/07_loading.ipynb #5c00b0e0
+# %% ../nbs/07_loading.ipynb #ae23e257
 def _plan(model: nn.Module, pairs: Iterable, N: int) -> list[tuple]:
     ("Every pair checked and placed (module, leaf, split, tensor), and none missing; nothing is "
      "written.")
@@ -233,12 +234,12 @@ def _plan(model: nn.Module, pairs: Iterable, N: int) -> list[tuple]:
     _check_complete(model, filled)
     return plan
 
-# %% ../nbs/07_loading.ipynb #ff6d4a4c
+# %% ../nbs/07_loading.ipynb #46eea740
 def load_weights(model: nn.Module, pairs: Iterable, selected_layer: int | None = None,
                  progress: str | None = None) -> nn.Module:
     ("Fill `model` (an encoder: children `text` and/or `vision`) from `(HF name, tensor)` pairs, "
-     "all or nothing: every pair is checked before the first is written; every TP layer copies its "
-     "slice (`progress`: a bar's title).")
+     "all or nothing: every pair is checked before the first is written; every TP layer copies "
+     "its slice (`progress`: a bar's title).")
     plan = _plan(model, pairs, _depth(model) if selected_layer is None else selected_layer)
     with torch.no_grad():
         bar = tqdm(plan, desc=progress, unit="tensor", disable=progress is None)
@@ -255,7 +256,7 @@ class Entry(NamedTuple):
     scale: "Entry | None" = None   # a block-FP8 weight's `weight_scale_inv`
     block: tuple | None = None     # ... and the block it scales (config.json's weight_block_size)
 
-# %% ../nbs/07_loading.ipynb #924a2db4
+# %% ../nbs/07_loading.ipynb #236ef9a9
 def _config_json(path: Path, selected_layer: int) -> dict:
     ("`config.json`, checked: unquantized or block FP8 (`fp8_blocks.block_format`), at least "
      "`selected_layer` layers.")
@@ -270,7 +271,7 @@ def _config_json(path: Path, selected_layer: int) -> dict:
                          f"needs layers 0..{selected_layer - 1}: choose selected_layer <= {n}")
     return d
 
-# %% ../nbs/07_loading.ipynb #d5c1fc00
+# %% ../nbs/07_loading.ipynb #7f3e4b55
 def _weight_map(path: Path) -> dict[str, str] | None:
     ("`model.safetensors.index.json`'s `weight_map` (tensor -> shard file), checked; None when "
      "there is no index.")
@@ -281,7 +282,7 @@ def _weight_map(path: Path) -> dict[str, str] | None:
                          f"name; got {json.dumps(wm)[:60]}): copy or download the index again")
     return wm
 
-# %% ../nbs/07_loading.ipynb #bd3c303f
+# %% ../nbs/07_loading.ipynb #588c5302
 def _files(path: Path, wm: dict | None) -> list[Path]:
     ("The checkpoint's safetensors files: those the index's weight map `wm` lists, or "
      "`model.safetensors`.")
@@ -294,7 +295,7 @@ def _files(path: Path, wm: dict | None) -> list[Path]:
     if path_exists(path / "model.safetensors"): return [path / "model.safetensors"]
     raise FileNotFoundError(f"no model.safetensors or model.safetensors.index.json in {path}")
 
-# %% ../nbs/07_loading.ipynb #4c52e6f1
+# %% ../nbs/07_loading.ipynb #1bf3726c
 def _headers(files: list[Path], weight_map: dict | None = None) -> dict[str, Entry]:
     ("Every tensor's `Entry`, from the headers only, checked: each tensor in one file, the one "
      "`weight_map` (the index) names when there is one, and every tensor the index lists there.")
@@ -334,11 +335,11 @@ def _sampled(fd: int, begin: int, end: int, k: int = 8, n: int = 512) -> bytes:
     if end - begin <= k * n: return os.pread(fd, end - begin, begin)
     return b"".join(os.pread(fd, n, begin + i * (end - begin - n) // (k - 1)) for i in range(k))
 
-# %% ../nbs/07_loading.ipynb #e209c4a2
+# %% ../nbs/07_loading.ipynb #315ac821
 def checkpoint_fingerprint(path, files=None) -> str:
     ("sha256 (16 hex digits) of `config.json` and each safetensors file: its size, its header "
-     "(names, dtypes, shapes) and 4 KB of every tensor's bytes, in 8 windows from its first to its "
-     "last (all of a smaller one).")
+     "(names, dtypes, shapes) and 4 KB of every tensor's bytes, in 8 windows from its first to "
+     "its last (all of a smaller one).")
     p, h = Path(path), hashlib.sha256()
     h.update((p / "config.json").read_bytes())
     for f in sorted(files or _files(p, _weight_map(p))):
@@ -407,7 +408,7 @@ class CheckpointIndex(NamedTuple):
     files: list[Path]           # the safetensors files
     fmt: object                 # config.json's `fp8_blocks.BlockFp8`, None when unquantized
 
-# %% ../nbs/07_loading.ipynb #4336e8f1
+# %% ../nbs/07_loading.ipynb #01255570
 def checkpoint_index(path) -> CheckpointIndex:
     ("The `CheckpointIndex` of HF checkpoint directory `path`: its index read once, every header "
      "checked.")
@@ -441,7 +442,7 @@ def _missing_message(missing: list[str], want: dict[str, Target]) -> str:
     return (f"the checkpoint lacks {len(missing)} tensor(s) the encoder needs: "
             + "; ".join(map(one, missing[:8])) + (" ..." if len(missing) > 8 else ""))
 
-# %% ../nbs/07_loading.ipynb #edc073b2
+# %% ../nbs/07_loading.ipynb #de2bb0dc
 def check_checkpoint(path, model: nn.Module) -> dict[str, Entry]:
     ("Check an HF checkpoint dir against `model` from `config.json` and the headers; "
      "return the `Entry` of each tensor to load.")
@@ -480,7 +481,7 @@ def _data_offsets(file: Path) -> tuple[int, dict[str, tuple[int, int]]]:
         head = json.loads(f.read(n))
     return 8 + n, {k: tuple(v["data_offsets"]) for k, v in head.items() if k != "__metadata__"}
 
-# %% ../nbs/07_loading.ipynb #322e6165
+# %% ../nbs/07_loading.ipynb #30e48c9d
 def _pread(fd: int, buf: torch.Tensor, runs: list[tuple[int, int]], file: Path):
     ("Fill the flat byte tensor `buf` from open file `fd`: `runs` of (file offset, bytes), one "
      "after the other in `buf`.")
@@ -492,7 +493,7 @@ def _pread(fd: int, buf: torch.Tensor, runs: list[tuple[int, int]], file: Path):
                                  "it is truncated; copy or download it again")
             at, off, n = at + got, off + got, n - got
 
-# %% ../nbs/07_loading.ipynb #fcafbbfe
+# %% ../nbs/07_loading.ipynb #277013da
 class _Slice:
     ("An unread checkpoint tensor `name` (`where`: in which file) at byte `offset` of `file`: "
      "`narrow` (what `tp.shard` calls) reads only the rows or columns asked for, and checks them "
@@ -506,7 +507,7 @@ class _Slice:
 
     def read(self) -> torch.Tensor: return self.narrow(0, 0, self.shape[0])
 
-# %% ../nbs/07_loading.ipynb #073ebea7
+# %% ../nbs/07_loading.ipynb #18be10c9
 @patch
 def runs(self: _Slice, dim: int, start: int, length: int) -> list[tuple[int, int]]:
     ("The (file offset, bytes) runs that hold `narrow(dim, start, length)`: one, or one per row "
@@ -516,7 +517,7 @@ def runs(self: _Slice, dim: int, start: int, length: int) -> list[tuple[int, int
     if not length: return []
     return [(self.offset + o * step + start * inner, length * inner) for o in range(outer)]
 
-# %% ../nbs/07_loading.ipynb #8caca34e
+# %% ../nbs/07_loading.ipynb #9bc0a857
 @patch
 def narrow(self: _Slice, dim: int, start: int, length: int) -> torch.Tensor:
     shape = list(self.shape); shape[dim] = length
@@ -531,8 +532,8 @@ def narrow(self: _Slice, dim: int, start: int, length: int) -> torch.Tensor:
 
 # %% ../nbs/07_loading.ipynb #0cfd2c88
 def _source(k: str, e: Entry, stats: dict, at: dict):
-    ("What fills from checkpoint tensor `k`: a `_Slice`, or for a block-FP8 weight a `BlockTensor` "
-     "of it and its scales; `at`: each file's `_data_offsets`.")
+    ("What fills from checkpoint tensor `k`: a `_Slice`, or for a block-FP8 weight a "
+     "`BlockTensor` of it and its scales; `at`: each file's `_data_offsets`.")
     def piece(name: str, e: Entry, allowed) -> _Slice:
         start, offsets = at[e.file]
         return _Slice(e.file, start + offsets[name][0], e.dtype, e.shape, stats, name,
@@ -555,7 +556,7 @@ class _Part(NamedTuple):
     pad: torch.Tensor | None = None
     scales: bool = False
 
-# %% ../nbs/07_loading.ipynb #08cfb707
+# %% ../nbs/07_loading.ipynb #f34bcb8f
 def _parts(mod: nn.Module, leaf: str, split: int | None, t) -> list[_Part] | None:
     ("Where `t` (a `_Slice`, or a `BlockTensor` of two) goes in `mod.leaf` (`split`), as the "
      "layer's `load` puts it; None when the layer's own `load` must do it (a block-FP8 weight "
@@ -604,14 +605,14 @@ def _runs(p: _Part, cap: int) -> list[tuple]:
     return [(i * n // item, min(i + k, len(runs)) * n // item, runs[i:i + k], None)
             for i in range(0, len(runs), k)]
 
-# %% ../nbs/07_loading.ipynb #795e167c
+# %% ../nbs/07_loading.ipynb #df6beb84
 def _read(p: _Part, buf: torch.Tensor, runs: list):
     "`runs` of `p`'s file into `buf`, through a descriptor of this read's own (threads share none)."
     fd = os.open(p.src.file, os.O_RDONLY)
     try: _pread(fd, buf, runs, p.src.file)
     finally: os.close(fd)
 
-# %% ../nbs/07_loading.ipynb #d801b2a6
+# %% ../nbs/07_loading.ipynb #8ee19745
 def _to_host(p: _Part, e0: int, e1: int, runs: list) -> int:
     ("Read elements `e0:e1` of `p` straight into its host target (through a scratch when cast); "
      "its bad values.")
@@ -624,7 +625,7 @@ def _to_host(p: _Part, e0: int, e1: int, runs: list) -> int:
     if dst.dtype != p.src.dtype: dst.copy_(v)
     return n
 
-# %% ../nbs/07_loading.ipynb #cabf921b
+# %% ../nbs/07_loading.ipynb #54ed6bd1
 def _to_slot(p: _Part, runs: list, slot: torch.Tensor, free: torch.cuda.Event):
     "Read `runs` of `p` into pinned `slot`, once the copy that last read the slot is done."
     free.synchronize()
@@ -674,8 +675,8 @@ def _stream(parts: list[_Part], stats: dict, threads: int | None = None,
                     # frees the slot this read will use
                     if len(flying) == SLOTS: issue(*flying.popleft())
                     s, j = j % SLOTS, j + 1
-                    read = pool.submit(_to_slot, p, runs, ring[s], free[s])
-                    flying.append((i, p, e0, e1, cut, s, read))
+                    job = pool.submit(_to_slot, p, runs, ring[s], free[s])
+                    flying.append((i, p, e0, e1, cut, s, job))
             while flying: issue(*flying.popleft())
             for i, f in host: bad[i] += f.result()
             # waits for every copy
@@ -755,7 +756,7 @@ def unshard(models: list[nn.Module]) -> dict[str, torch.Tensor]:
             out[scale_name(source_name(f"{name}.weight", split))] = torch.cat(parts, mod.shard_dim)
     return out
 
-# %% ../nbs/07_loading.ipynb #f736b0d0
+# %% ../nbs/07_loading.ipynb #947e24ef
 def _scale_part(mod: nn.Module, split: int | None) -> torch.Tensor:
     ("This rank's block scales of a block-FP8 layer's `split` (its rows of scale blocks; all of "
      "them when None).")
