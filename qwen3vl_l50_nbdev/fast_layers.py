@@ -29,26 +29,31 @@ from .fp8_blocks import BlockFp8RowParallelLinear
 
 # %% ../nbs/08c_fast_layers.ipynb #022ee13d
 class Fast:
-    "Marks a fast-mode variant of a model class: a subclass of the exact class that overrides one method."
+    ("Marks a fast-mode variant of a model class: a subclass of the exact class that overrides "
+     "one method.")
 
 # %% ../nbs/08c_fast_layers.ipynb #eae8bdc4
 def swap_(model: nn.Module, table: dict) -> nn.Module:
-    ("Every module of `model` whose class is a key of `table` made, in place, an instance of its value: the same "
-     "object, with its parameters, their names, its hooks and its place in the model; only its methods change.")
+    ("Every module of `model` whose class is a key of `table` made, in place, an instance of its "
+     "value: the same object, with its parameters, their names, its hooks and its place in the "
+     "model; only its methods change.")
     for m in model.modules():
         if (cls := table.get(type(m))) is not None: m.__class__ = cls
     return model
 
 # %% ../nbs/08c_fast_layers.ipynb #057ac6b7
 def exact_class(m: nn.Module) -> type:
-    "The exact class of module `m`: its own, or the first in its method resolution order that is not `Fast`."
+    ("The exact class of module `m`: its own, or the first in its method resolution order that is "
+     "not `Fast`.")
     return next(c for c in type(m).__mro__ if not issubclass(c, Fast))
 
 # %% ../nbs/08c_fast_layers.ipynb #56fd99b4
-STATE = ("varlen_from", "sums", "window")   # what the steps set on a swapped module (`fuse_`, `attach_sums_`)
+# what the steps set on a swapped module (`fuse_`, `attach_sums_`)
+STATE = ("varlen_from", "sums", "window")
 
 def exact_(model: nn.Module) -> nn.Module:
-    "Every fast module of `model` back to its exact class, what the steps set on it removed: the model as built."
+    ("Every fast module of `model` back to its exact class, what the steps set on it removed: the "
+     "model as built.")
     for m in model.modules():
         if isinstance(m, Fast):
             m.__class__ = exact_class(m)
@@ -57,13 +62,15 @@ def exact_(model: nn.Module) -> nn.Module:
 
 # %% ../nbs/08c_fast_layers.ipynb #405aec40
 class FusedColumnParallelLinear(Fast, ColumnParallelLinear):
-    "`tp.ColumnParallelLinear` as one GEMM whose output is split (HF's: one GEMM a split): faster, not bitwise."
+    ("`tp.ColumnParallelLinear` as one GEMM whose output is split (HF's: one GEMM a split): "
+     "faster, not bitwise.")
     def forward(self, x: torch.Tensor) -> list[torch.Tensor]:
         return list(F.linear(x, self.weight, self.bias).split(self.local_splits, -1))
 
 # %% ../nbs/08c_fast_layers.ipynb #8ba5ef51
 class GemmPatchEmbed(Fast, PatchEmbed):
-    "`vision.PatchEmbed`'s map as one GEMM of the flattened patches, its Conv3d weight viewed [hidden, C·T·P·P]."
+    ("`vision.PatchEmbed`'s map as one GEMM of the flattened patches, its Conv3d weight viewed "
+     "[hidden, C·T·P·P].")
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         w = self.proj.weight
         return F.linear(x.to(w.dtype), w.view(self.cfg.hidden_size, -1), self.proj.bias)
@@ -71,23 +78,31 @@ class GemmPatchEmbed(Fast, PatchEmbed):
 # %% ../nbs/08c_fast_layers.ipynb #250563c0
 @functools.cache
 def _varlen() -> tuple | None:
-    ("Flash attention's variable-length call (torch >= 2.10: packed sequences in one call, CUDA) and its keywords "
-     "(torch 2.10 takes is_causal, later ones a window and GQA), imported on first use; None before 2.10.")
-    try: from torch.nn.attention.varlen import varlen_attn   # its import loads the compiler: only when it runs
+    ("Flash attention's variable-length call (torch >= 2.10: packed sequences in one call, CUDA) "
+     "and its keywords (torch 2.10 takes is_causal, later ones a window and GQA), imported on "
+     "first use; None before 2.10.")
+    # its import loads the compiler: only when it runs
+    try: from torch.nn.attention.varlen import varlen_attn
     except ImportError: return None
     return varlen_attn, inspect.signature(varlen_attn).parameters
 
+# %% ../nbs/08c_fast_layers.ipynb #fbf65cc5
 def varlen_flash(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lens: list[int], scale: float,
                  causal: bool = False) -> torch.Tensor | None:
-    ("Attention within each packed segment of `lens` of q, k, v [seq, heads, head_dim] in one call of flash "
-     "attention's variable-length kernel: [seq, heads, head_dim]; None where it cannot run (the CPU, fp32, torch "
-     "before 2.10). No plan is built per length, and segments of every size are one launch.")
-    if not q.is_cuda or q.dtype not in (torch.float16, torch.bfloat16) or (va := _varlen()) is None: return None
+    ("Attention within each packed segment of `lens` of q, k, v [seq, heads, head_dim] in one "
+     "call of flash attention's variable-length kernel: [seq, heads, head_dim]; None where it "
+     "cannot run (the CPU, fp32, torch before 2.10). No plan is built per length, and segments of "
+     "every size are one launch.")
+    if not q.is_cuda or q.dtype not in (torch.float16, torch.bfloat16) or (va := _varlen()) is None:
+        return None
     varlen_attn, args = va
-    kw = dict(window_size=(-1, 0) if causal else (-1, -1)) if "window_size" in args else dict(is_causal=causal)
+    if "window_size" in args: kw = dict(window_size=(-1, 0) if causal else (-1, -1))
+    else: kw = dict(is_causal=causal)
     if "enable_gqa" in args: kw["enable_gqa"] = q.shape[1] != k.shape[1]
-    cu = torch.tensor([0, *itertools.accumulate(lens)], dtype=torch.int32).to(q.device, non_blocking=True)
-    return varlen_attn(*(t.contiguous() for t in (q, k, v)), cu, cu, max(lens), max(lens), scale=scale, **kw)
+    cu = torch.tensor([0, *itertools.accumulate(lens)], dtype=torch.int32)
+    cu = cu.to(q.device, non_blocking=True)
+    return varlen_attn(*(t.contiguous() for t in (q, k, v)), cu, cu, max(lens), max(lens),
+                       scale=scale, **kw)
 
 # %% ../nbs/08c_fast_layers.ipynb #7263d487
 def _runs(lens: list[int]) -> list[tuple[int, int]]:
@@ -99,49 +114,60 @@ def _runs(lens: list[int]) -> list[tuple[int, int]]:
     return out
 
 # %% ../nbs/08c_fast_layers.ipynb #5f449e0c
-def attend_runs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lens, scale: float) -> torch.Tensor:
-    ("`vision.attend_frames` batched: all segments in one `varlen_flash` call (CUDA), else each run of equal segments "
-     "in one call: [seq, heads * head_dim].")
+def attend_runs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lens,
+                scale: float) -> torch.Tensor:
+    ("`vision.attend_frames` batched: all segments in one `varlen_flash` call (CUDA), else each "
+     "run of equal segments in one call: [seq, heads * head_dim].")
     lens, s, heads = lens.tolist() if torch.is_tensor(lens) else list(lens), q.shape[0], q.shape[1]
     if (o := varlen_flash(q, k, v, lens, scale)) is not None: return o.reshape(s, -1)
     runs = _runs(lens)   # a run of c segments of n patches: one (c, heads, n, head_dim) call
-    flash = q.is_cuda and q.dtype in (torch.float16, torch.bfloat16)   # no plan a size; flash takes no fp32
+    # no plan a size; flash takes no fp32
+    flash = q.is_cuda and q.dtype in (torch.float16, torch.bfloat16)
     with sdpa_kernel(SDPBackend.FLASH_ATTENTION) if flash else contextlib.nullcontext():
-        o = [F.scaled_dot_product_attention(*(t.reshape(c, n, heads, -1).transpose(1, 2) for t in qkv),
+        pieces = zip(*(t.split([n * c for n, c in runs]) for t in (q, k, v)))
+        o = [F.scaled_dot_product_attention(*(t.reshape(c, n, heads, -1).transpose(1, 2)
+                                              for t in qkv),
                                             scale=scale).transpose(1, 2).reshape(c * n, -1)
-             for (n, c), qkv in zip(runs, zip(*(t.split([n * c for n, c in runs]) for t in (q, k, v))))]
+             for (n, c), qkv in zip(runs, pieces)]
     return torch.cat(o) if len(o) > 1 else o[0]
 
 # %% ../nbs/08c_fast_layers.ipynb #a19ee29a
 class BatchedAttention(Fast, VisionAttention):
-    "`vision.Attention` over several frames through `attend_runs`: equal segments batched, or all in one varlen call."
-    @torch.compiler.disable   # outside any compiled graph: the number and sizes of frames must not specialise a block
+    ("`vision.Attention` over several frames through `attend_runs`: equal segments batched, or "
+     "all in one varlen call.")
+    # outside any compiled graph: the number and sizes of frames must not specialise a block
+    @torch.compiler.disable
     def frames(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lens) -> torch.Tensor:
         return attend_runs(q, k, v, lens, self.scale)
 
 # %% ../nbs/08c_fast_layers.ipynb #60830641
 def flash_each(attend, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lens, varlen_from: int,
                scale: float) -> torch.Tensor:
-    ("`text.attend_each` through flash attention (CUDA, half types): more rows than `varlen_from` in one "
-     "`varlen_flash` call, fewer (a CUDA graph's) one flash call a prompt; elsewhere `attend_each` as it is.")
+    ("`text.attend_each` through flash attention (CUDA, half types): more rows than `varlen_from` "
+     "in one `varlen_flash` call, fewer (a CUDA graph's) one flash call a prompt; elsewhere "
+     "`attend_each` as it is.")
     lens = lens.tolist() if torch.is_tensor(lens) else list(lens)
     flash = q.is_cuda and q.dtype in (torch.float16, torch.bfloat16)   # no fp32 flash
-    if flash and q.shape[1] > varlen_from and (o := varlen_flash(*(t.transpose(0, 1) for t in (q, k, v)), lens,
-                                                                scale, causal=True)) is not None:
+    if flash and q.shape[1] > varlen_from and (
+            o := varlen_flash(*(t.transpose(0, 1) for t in (q, k, v)), lens, scale,
+                              causal=True)) is not None:
         return o.transpose(0, 1)[None]
     with sdpa_kernel(SDPBackend.FLASH_ATTENTION) if flash else contextlib.nullcontext():
         return attend_each(attend, q, k, v, lens)
 
 # %% ../nbs/08c_fast_layers.ipynb #906b1c4c
 class FlashAttention(Fast, TextAttention):
-    "`text.Attention` whose packed prompts attend through `flash_each`, from more than `varlen_from` rows in one call."
-    @torch.compiler.disable   # outside any compiled graph: the number of packed prompts must not specialise a layer
+    ("`text.Attention` whose packed prompts attend through `flash_each`, from more than "
+     "`varlen_from` rows in one call.")
+    # outside any compiled graph: the number of packed prompts must not specialise a layer
+    @torch.compiler.disable
     def packed(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lens) -> torch.Tensor:
         return flash_each(self.sdpa, q, k, v, lens, self.varlen_from, self.scale)
 
 # %% ../nbs/08c_fast_layers.ipynb #9046cea5
 class Fp32RMSNorm(Fast, RMSNorm):
-    "`text.RMSNorm` scaled in fp32 and rounded once, to the weight's dtype (the model's): a rounding fewer than HF's."
+    ("`text.RMSNorm` scaled in fp32 and rounded once, to the weight's dtype (the model's): a "
+     "rounding fewer than HF's.")
     def forward(self, x: torch.Tensor) -> torch.Tensor: return self.scaled(x).to(self.weight.dtype)
 
     def scaled(self, x: torch.Tensor) -> torch.Tensor:
@@ -150,12 +176,13 @@ class Fp32RMSNorm(Fast, RMSNorm):
 
 # %% ../nbs/08c_fast_layers.ipynb #88bf0eef
 class Fp32Attention(Fast, TextAttention):
-    "`text.Attention` with q and k normed (`Fp32RMSNorm.scaled`) and rotated by M-RoPE in fp32, rounded once."
+    ("`text.Attention` with q and k normed (`Fp32RMSNorm.scaled`) and rotated by M-RoPE in fp32, "
+     "rounded once.")
     def heads(self, q, k, v, cos: torch.Tensor, sin: torch.Tensor) -> tuple:
         s, hd, dt = q.shape[0], self.head_dim, q.dtype
         q, k, v = (t.view(s, -1, hd) for t in (q, k, v))   # (seq, heads, head_dim)
-        q, k = apply_rotary(self.q_norm.scaled(q).transpose(0, 1), self.k_norm.scaled(k).transpose(0, 1),
-                            cos.float(), sin.float())
+        q, k = apply_rotary(self.q_norm.scaled(q).transpose(0, 1),
+                            self.k_norm.scaled(k).transpose(0, 1), cos.float(), sin.float())
         return q.to(dt), k.to(dt), v.transpose(0, 1)
 
 # %% ../nbs/08c_fast_layers.ipynb #ee63c98d
@@ -171,30 +198,36 @@ class Fp32MLP(Fast, MLP):
 
 # %% ../nbs/08c_fast_layers.ipynb #db0e4a65
 class Fp32TextModel(Fast, TextModel):
-    ("`text.TextModel` fed its state in fp32: the rotary tables and the residual stream in fp32 through every layer, "
-     "the output rounded to the model dtype.")
-    def forward(self, inputs_embeds: torch.Tensor, positions: torch.Tensor, visual_mask: torch.Tensor | None = None,
-                deepstack: list[torch.Tensor] | None = None, lens: list[int] | None = None) -> torch.Tensor:
-        return super().forward(inputs_embeds.float(), positions, visual_mask, deepstack, lens).to(inputs_embeds.dtype)
+    ("`text.TextModel` fed its state in fp32: the rotary tables and the residual stream in fp32 "
+     "through every layer, the output rounded to the model dtype.")
+    def forward(self, inputs_embeds: torch.Tensor, positions: torch.Tensor,
+                visual_mask: torch.Tensor | None = None,
+                deepstack: list[torch.Tensor] | None = None,
+                lens: list[int] | None = None) -> torch.Tensor:
+        out = super().forward(inputs_embeds.float(), positions, visual_mask, deepstack, lens)
+        return out.to(inputs_embeds.dtype)
 
 # %% ../nbs/08c_fast_layers.ipynb #d0974bef
-FUSED = {ColumnParallelLinear: FusedColumnParallelLinear, PatchEmbed: GemmPatchEmbed, VisionAttention: BatchedAttention,
-         TextAttention: FlashAttention, Fp32Attention: Fp32FlashAttention}
+FUSED = {ColumnParallelLinear: FusedColumnParallelLinear, PatchEmbed: GemmPatchEmbed,
+         VisionAttention: BatchedAttention, TextAttention: FlashAttention,
+         Fp32Attention: Fp32FlashAttention}
 
 def fuse_(model: nn.Module, varlen_from: int = 0) -> nn.Module:
-    ("Fast mode's fused step on `model`: q|k|v and gate|up one GEMM each, the patch embedding a GEMM, vision attention "
-     "batched, packed prompts through flash attention (in one varlen call from more than `varlen_from` rows).")
+    ("Fast mode's fused step on `model`: q|k|v and gate|up one GEMM each, the patch embedding a "
+     "GEMM, vision attention batched, packed prompts through flash attention (in one varlen call "
+     "from more than `varlen_from` rows).")
     swap_(model, FUSED)
     for m in model.modules():
         if isinstance(m, FlashAttention): m.varlen_from = varlen_from
     return model
 
 # %% ../nbs/08c_fast_layers.ipynb #53eb6456
-FP32 = {RMSNorm: Fp32RMSNorm, TextAttention: Fp32Attention, FlashAttention: Fp32FlashAttention, MLP: Fp32MLP,
-        TextModel: Fp32TextModel}
+FP32 = {RMSNorm: Fp32RMSNorm, TextAttention: Fp32Attention, FlashAttention: Fp32FlashAttention,
+        MLP: Fp32MLP, TextModel: Fp32TextModel}
 
 def fp32_(model: nn.Module) -> nn.Module:
-    "Fast mode's fp32 step on `model`: the text model's norms, M-RoPE, SwiGLU and residual stream in fp32."
+    ("Fast mode's fp32 step on `model`: the text model's norms, M-RoPE, SwiGLU and residual "
+     "stream in fp32.")
     return swap_(model, FP32)
 
 # %% ../nbs/08c_fast_layers.ipynb #2019c8cb
@@ -210,7 +243,8 @@ class Fp32EagerPackedAttention(Fp32Attention, EagerPackedAttention):
 
 # %% ../nbs/08c_fast_layers.ipynb #02acbd3b
 class EagerFramesAttention(Fast, VisionAttention):
-    "`vision.Attention` whose calls over several frames (`vision.attend_frames`) run outside any compiled graph."
+    ("`vision.Attention` whose calls over several frames (`vision.attend_frames`) run outside any "
+     "compiled graph.")
     @torch.compiler.disable   # the number and sizes of frames must not specialise a compiled block
     def frames(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lens) -> torch.Tensor:
         return super().frames(q, k, v, lens)
@@ -220,8 +254,8 @@ EAGER = {TextAttention: EagerPackedAttention, Fp32Attention: Fp32EagerPackedAtte
          VisionAttention: EagerFramesAttention}
 
 def eager_attention_(model: nn.Module) -> nn.Module:
-    ("Fast mode's step before compiling `model`: attention that the fused step left exact attends over several "
-     "prompts or frames outside the compiled graphs, as the fused variants do.")
+    ("Fast mode's step before compiling `model`: attention that the fused step left exact attends "
+     "over several prompts or frames outside the compiled graphs, as the fused variants do.")
     return swap_(model, EAGER)
 
 # %% ../nbs/08c_fast_layers.ipynb #25c6a83e
@@ -229,11 +263,12 @@ def _rows(buf: torch.Tensor, n: int, m: int, dtype) -> torch.Tensor:
     "The first `n * m` elements of a byte buffer, as an `[n, m]` matrix of `dtype`."
     return buf[:n * m * dtype.itemsize].view(dtype).view(n, m)
 
+# %% ../nbs/08c_fast_layers.ipynb #319cf7bb
 @torch.library.custom_op("qwen3vl_l50_nbdev::linear_window_", mutates_args=("mine", "theirs"))
-def linear_window_(x: torch.Tensor, w: torch.Tensor, mine: torch.Tensor, theirs: torch.Tensor, key: str,
-                   window: int) -> None:
-    ("`x @ w.T` into this rank's window `mine` (`dist.Exchange.window`, of the exchange kept under `key`), then the "
-     "barrier: `theirs` holds the peer's product after it.")
+def linear_window_(x: torch.Tensor, w: torch.Tensor, mine: torch.Tensor, theirs: torch.Tensor,
+                   key: str, window: int) -> None:
+    ("`x @ w.T` into this rank's window `mine` (`dist.Exchange.window`, of the exchange kept "
+     "under `key`), then the barrier: `theirs` holds the peer's product after it.")
     torch.mm(x, w.t(), out=_rows(mine, x.shape[0], w.shape[0], x.dtype))
     window_barrier(key, window)
 
@@ -242,12 +277,15 @@ def _(x, w, mine, theirs, key, window): return None
 
 # %% ../nbs/08c_fast_layers.ipynb #3aa3a84f
 class SymmetricEmbedding(Fast, VocabParallelEmbedding):
-    "`tp.VocabParallelEmbedding` whose lookup is summed over the group through `sums` (a `dist.SymmetricSums`)."
-    def forward(self, ids: torch.Tensor) -> torch.Tensor: return self.sums.all_reduce(self.lookup(ids))
+    ("`tp.VocabParallelEmbedding` whose lookup is summed over the group through `sums` (a "
+     "`dist.SymmetricSums`).")
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.sums.all_reduce(self.lookup(ids))
 
 # %% ../nbs/08c_fast_layers.ipynb #5ddf7147
 class SymmetricSum(Fast):
-    "A row-parallel layer (`tp.RowSum`: bf16 or FP8) whose partials are summed over the group through `sums`."
+    ("A row-parallel layer (`tp.RowSum`: bf16 or FP8) whose partials are summed over the group "
+     "through `sums`.")
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.finish(self.sums.all_reduce(self.partial(x), self.acc), x.dtype)
 
@@ -255,13 +293,15 @@ class SymmetricSum(Fast):
 class SymmetricFp8RowParallelLinear(SymmetricSum, Fp8RowParallelLinear):
     "`fp8.Fp8RowParallelLinear` summing through `sums`."
 
+# %% ../nbs/08c_fast_layers.ipynb #ba3b67ff
 class SymmetricBlockFp8RowParallelLinear(SymmetricSum, BlockFp8RowParallelLinear):
     "`fp8_blocks.BlockFp8RowParallelLinear` summing through `sums`."
 
 # %% ../nbs/08c_fast_layers.ipynb #fcbe0675
 class WindowedRowParallelLinear(SymmetricSum, RowParallelLinear):
-    ("`tp.RowParallelLinear` summing through `sums`; with an exchange in it (CUDA, TP 2), its GEMM writes its term "
-     "into window `window` (0 or 1) and the sum is one add of the two ranks' terms.")
+    ("`tp.RowParallelLinear` summing through `sums`; with an exchange in it (CUDA, TP 2), its "
+     "GEMM writes its term into window `window` (0 or 1) and the sum is one add of the two ranks' "
+     "terms.")
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         n, m, xch = x.shape[0], self.weight.shape[0], self.sums.exchange
         if (xch is not None and self.mode.partials is None and x.dim() == 2 and x.is_cuda
@@ -272,14 +312,15 @@ class WindowedRowParallelLinear(SymmetricSum, RowParallelLinear):
         return super().forward(x)
 
 # %% ../nbs/08c_fast_layers.ipynb #b7d0c566
-SYMMETRIC = {VocabParallelEmbedding: SymmetricEmbedding, RowParallelLinear: WindowedRowParallelLinear,
+SYMMETRIC = {VocabParallelEmbedding: SymmetricEmbedding,
+             RowParallelLinear: WindowedRowParallelLinear,
              Fp8RowParallelLinear: SymmetricFp8RowParallelLinear,
              BlockFp8RowParallelLinear: SymmetricBlockFp8RowParallelLinear}
 
 def attach_sums_(text: nn.Module, sums) -> nn.Module:
     ("Every layer of the text model `text` that sums over the group made to sum through `sums`, a "
-     "`dist.SymmetricSums` (None: nothing changes); its bf16 row-parallel projections get a window each, attention 0 "
-     "and MLP 1, so that consecutive sums alternate windows.")
+     "`dist.SymmetricSums` (None: nothing changes); its bf16 row-parallel projections get a "
+     "window each, attention 0 and MLP 1, so that consecutive sums alternate windows.")
     if sums is None: return text
     swap_(text, SYMMETRIC)
     for m in text.modules():

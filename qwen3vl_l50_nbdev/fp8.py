@@ -23,37 +23,47 @@ FP8 = torch.float8_e4m3fn
 FP8_MAX = torch.finfo(FP8).max         # 448
 
 def _amax(x: torch.Tensor, per_row: bool, group: Group | None = None) -> torch.Tensor:
-    "max |x| in fp32: per row `[rows, 1]` or overall (0-d); with `group`, the maximum over its ranks."
-    a = torch.linalg.vector_norm(x, float("inf"), dim=-1 if per_row else None, keepdim=per_row, dtype=torch.float32)
+    ("max |x| in fp32: per row `[rows, 1]` or overall (0-d); with `group`, the maximum over its "
+     "ranks.")
+    a = torch.linalg.vector_norm(x, float("inf"), dim=-1 if per_row else None, keepdim=per_row,
+                                 dtype=torch.float32)
     return a if group is None else group.all_reduce(a, op="max")
 
+# %% ../nbs/09_fp8.ipynb #c68be858
 def _to_fp8(x: torch.Tensor, amax: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     "(`x / scale` in e4m3, `scale`) for `scale = amax / 448`: one pass over `x`."
     amax = amax.clamp(min=1e-12)     # an all-zero row gets a positive scale and stays zero
     q = torch.empty(x.shape, dtype=FP8, device=x.device)
-    # the factor gets x's number of dims: a 0-d factor would not promote a bf16 `x`, and the product would be rounded to
-    # bf16 before e4m3 (two roundings). |x| <= amax, so |product| <= 448 up to one fp32 rounding: no clamp needed
+    # the factor gets x's number of dims: a 0-d factor would not promote a bf16 `x`, and the
+    # product would be rounded to bf16 before e4m3 (two roundings). |x| <= amax, so
+    # |product| <= 448 up to one fp32 rounding: no clamp needed
     torch.mul(x, (FP8_MAX / amax).reshape(amax.shape if amax.ndim else [1] * x.ndim), out=q)
     return q, amax / FP8_MAX
 
+# %% ../nbs/09_fp8.ipynb #8a1c3cf3
 def check_fp8_modes(granularity: str, act: str):
-    "Raise a `ValueError` naming the choices unless `granularity` and `act` are known FP8 scale modes."
-    if granularity not in GRANULARITIES: raise ValueError(f"granularity={granularity!r}: choose one of {GRANULARITIES}")
+    ("Raise a `ValueError` naming the choices unless `granularity` and `act` are known FP8 scale "
+     "modes.")
+    if granularity not in GRANULARITIES: raise ValueError(f"granularity={granularity!r}: choose "
+                                                          f"one of {GRANULARITIES}")
     if act not in ACT_MODES: raise ValueError(f"act={act!r}: choose one of {ACT_MODES}")
 
 # %% ../nbs/09_fp8.ipynb #003dda2f
-def quantize_weight(w: torch.Tensor,           # [N, K] (bf16 or fp32) weight, or this rank's shard of it
-                    granularity: str = "channel", # "channel": a scale per output row; "tensor": one scale
-                    group: Group | None = None,   # take the amax's maximum over these ranks (the shards of one weight)
+def quantize_weight(w: torch.Tensor,  # [N, K] (bf16 or fp32) weight, or this rank's shard of it
+                    granularity: str = "channel",  # "channel": a scale per row; "tensor": one
+                    group: Group | None = None,  # the amax's maximum over these ranks (the shards)
                    ) -> tuple[torch.Tensor, torch.Tensor]:
-    "`(w_fp8 [N, K] e4m3, scale)` with `w ≈ w_fp8 · scale`; `scale` fp32, `[N, 1]` per channel or 0-d per tensor."
+    ("`(w_fp8 [N, K] e4m3, scale)` with `w ≈ w_fp8 · scale`; `scale` fp32, `[N, 1]` per channel "
+     "or 0-d per tensor.")
     check_fp8_modes(granularity, "token")
     return _to_fp8(w, _amax(w, granularity == "channel", group))
 
+# %% ../nbs/09_fp8.ipynb #b5e5a453
 def quantize_act(x: torch.Tensor,      # [M, K] activations
                  act: str = "token",    # "token": a scale per row; "tensor": one scale
                 ) -> tuple[torch.Tensor, torch.Tensor]:
-    "Dynamic quantization: `(x_fp8 [M, K] e4m3, scale)`, `scale` fp32 `[M, 1]` per token or 0-d per tensor."
+    ("Dynamic quantization: `(x_fp8 [M, K] e4m3, scale)`, `scale` fp32 `[M, 1]` per token or 0-d "
+     "per tensor.")
     check_fp8_modes("channel", act)
     return _to_fp8(x, _amax(x, act == "token"))
 
@@ -63,16 +73,21 @@ def scaled_mm(a: torch.Tensor,        # [M, K] e4m3, row-major
               w: torch.Tensor,        # [N, K] e4m3 (a linear's weight layout)
               w_scale: torch.Tensor,  # fp32, 0-d or [N, 1]
               out_dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
-    "`(a · a_scale) @ (w · w_scale)ᵀ` `[M, N]` through `torch._scaled_mm`, tensorwise or rowwise, on CPU or CUDA."
+    ("`(a · a_scale) @ (w · w_scale)ᵀ` `[M, N]` through `torch._scaled_mm`, tensorwise or "
+     "rowwise, on CPU or CUDA.")
     (M, K), N = a.shape, w.shape[0]
-    if a_scale.numel() == 1 and w_scale.numel() == 1: sa, sb = a_scale.reshape(()), w_scale.reshape(())
-    else:   # rowwise needs both, each a fresh tensor with unit inner stride (an expanded one has stride 0)
+    if a_scale.numel() == 1 and w_scale.numel() == 1:
+        sa, sb = a_scale.reshape(()), w_scale.reshape(())
+    # rowwise needs both, each a fresh tensor with unit inner stride (an expanded one has stride 0)
+    else:
         sa, sb = (a_scale.reshape(-1, 1).repeat(M // a_scale.numel(), 1),
                   w_scale.reshape(1, -1).repeat(1, N // w_scale.numel()))
     if a.is_cuda and (K % 16 or N % 16): return _padded_mm(a, sa, w, sb, out_dtype)
-    if not a.is_cuda and sa.ndim and not _cpu_rowwise(): return ((a.float() * sa) @ (w.float() * sb.T).T).to(out_dtype)
+    if not a.is_cuda and sa.ndim and not _cpu_rowwise():
+        return ((a.float() * sa) @ (w.float() * sb.T).T).to(out_dtype)
     return torch._scaled_mm(a.contiguous(), w.t(), sa, sb, out_dtype=out_dtype)
 
+# %% ../nbs/09_fp8.ipynb #7d82d874
 @functools.cache
 def _cpu_rowwise() -> bool:
     ("Does this torch's CPU `_scaled_mm` take rowwise scales? "
@@ -82,15 +97,18 @@ def _cpu_rowwise() -> bool:
                                  out_dtype=torch.float32).eq(16).all().item()
     except RuntimeError: return False
 
+# %% ../nbs/09_fp8.ipynb #606e58f0
 def _padded_mm(a, sa, w, sb, out_dtype):
     "CUDA needs K and N multiples of 16: zero-pad both (exact), multiply, cut the padding off."
     K, N = a.shape[1], w.shape[0]
     pk, pn = -K % 16, -N % 16
-    warnings.warn(f"FP8 GEMM on CUDA needs K and N multiples of 16, got K={K}, N={N}: padding the operands with zeros "
-                  f"on every call (a copy of the weight each time); use sizes that are multiples of 16 to avoid it")
+    warnings.warn(f"FP8 GEMM on CUDA needs K and N multiples of 16, got K={K}, N={N}: padding the "
+                  "operands with zeros on every call (a copy of the weight each time); use sizes "
+                  "that are multiples of 16 to avoid it")
     pad = lambda t, p: F.pad(t.view(torch.uint8), p).view(FP8)    # the zero byte is +0.0 in e4m3
     sb = F.pad(sb, (0, pn), value=1.0) if sb.ndim else sb
-    return torch._scaled_mm(pad(a, (0, pk)), pad(w, (0, pk, 0, pn)).t(), sa, sb, out_dtype=out_dtype)[:, :N]
+    out = torch._scaled_mm(pad(a, (0, pk)), pad(w, (0, pk, 0, pn)).t(), sa, sb, out_dtype=out_dtype)
+    return out[:, :N]
 
 # %% ../nbs/09_fp8.ipynb #4df7388e
 def fp8_linear(x: torch.Tensor,        # activations [..., K]
@@ -99,13 +117,15 @@ def fp8_linear(x: torch.Tensor,        # activations [..., K]
                act: str = "token",     # the activations' scale: "token" (a row each) or "tensor"
                out_dtype: torch.dtype | None = None,  # the result's dtype (default: `x`'s)
               ) -> torch.Tensor:
-    "`x @ wᵀ` for an e4m3 weight `w` [N, K] and its scale; `x` [..., K] is quantized on the fly per `act`."
+    ("`x @ wᵀ` for an e4m3 weight `w` [N, K] and its scale; `x` [..., K] is quantized on the fly "
+     "per `act`.")
     xq, xs = quantize_act(x.reshape(-1, x.shape[-1]), act)
     return scaled_mm(xq, xs, w, w_scale, out_dtype or x.dtype).view(*x.shape[:-1], w.shape[0])
 
 # %% ../nbs/09_fp8.ipynb #acaf8b6b
 class Fp8ColumnParallelLinear(nn.Module):
-    "An FP8 copy of a loaded `tp.ColumnParallelLinear`: same group and splits, one fused GEMM, output split."
+    ("An FP8 copy of a loaded `tp.ColumnParallelLinear`: same group and splits, one fused GEMM, "
+     "output split.")
     def __init__(self, lin: ColumnParallelLinear,  # the loaded bf16 layer
                  granularity: str = "channel",     # the weight's scales: "channel" or "tensor"
                  act: str = "token",               # the activations' scales: "token" or "tensor"
@@ -115,7 +135,8 @@ class Fp8ColumnParallelLinear(nn.Module):
         self.group, self.splits, self.local_splits = lin.group, lin.splits, lin.local_splits
         self.granularity, self.act, self.bias = granularity, act, lin.bias
         # per channel: whole rows on every rank; per tensor: the maximum over every rank's rows
-        w, s = quantize_weight(lin.weight.data, granularity, lin.group if granularity == "tensor" else None)
+        w, s = quantize_weight(lin.weight.data, granularity,
+                               lin.group if granularity == "tensor" else None)
         self.weight = nn.Parameter(w, requires_grad=False)
         self.register_buffer("weight_scale", s)
 
@@ -124,11 +145,13 @@ class Fp8ColumnParallelLinear(nn.Module):
         return list((y if self.bias is None else y + self.bias).split(self.local_splits, -1))
 
     def extra_repr(self):
-        return f"splits={self.splits}, tp={self.group.size}, granularity={self.granularity}, act={self.act}"
+        return (f"splits={self.splits}, tp={self.group.size}, granularity={self.granularity}, "
+                f"act={self.act}")
 
 # %% ../nbs/09_fp8.ipynb #56940e42
 class Fp8RowParallelLinear(RowSum, nn.Module):
-    "An FP8 copy of a loaded `tp.RowParallelLinear`: e4m3 column shard, scales of the full rows, partials all-reduced."
+    ("An FP8 copy of a loaded `tp.RowParallelLinear`: e4m3 column shard, scales of the full rows, "
+     "partials all-reduced.")
     def __init__(self, lin: RowParallelLinear,  # the loaded bf16 layer
                  granularity: str = "channel",  # the weight's scales: "channel" or "tensor"
                  act: str = "token",            # the activations' scales: "token" or "tensor"
@@ -137,36 +160,46 @@ class Fp8RowParallelLinear(RowSum, nn.Module):
         check_fp8_modes(granularity, act)
         self.group, self.reduce = lin.group, lin.reduce
         self.granularity, self.act, self.bias = granularity, act, lin.bias
-        w, s = quantize_weight(lin.weight.data, granularity, lin.group)   # MAX over the group: the full row's scale
+        # MAX over the group: the full row's scale
+        w, s = quantize_weight(lin.weight.data, granularity, lin.group)
         self.weight = nn.Parameter(w, requires_grad=False)
         self.register_buffer("weight_scale", s)
 
     def partial(self, x: torch.Tensor) -> torch.Tensor:
-        "This rank's term: FP8 GEMM of its columns, out in the reduce mode's partial dtype (fp32 for `fp32-partials`)."
+        ("This rank's term: FP8 GEMM of its columns, out in the reduce mode's partial dtype (fp32 "
+         "for `fp32-partials`).")
         out = self.mode.partial_dtype(x.dtype, self.group.size)
         return fp8_linear(x, self.weight, self.weight_scale, self.act, out)
 
     def extra_repr(self):
-        return f"tp={self.group.size}, reduce={self.reduce}, granularity={self.granularity}, act={self.act}"
+        return (f"tp={self.group.size}, reduce={self.reduce}, granularity={self.granularity}, "
+                f"act={self.act}")
 
 # %% ../nbs/09_fp8.ipynb #c765e43e
-FP8_LAYERS = {"column": Fp8ColumnParallelLinear, "row": Fp8RowParallelLinear}   # TP_PLAN's style -> its FP8 layer
+# TP_PLAN's style -> its FP8 layer
+FP8_LAYERS = {"column": Fp8ColumnParallelLinear, "row": Fp8RowParallelLinear}
 # within a layer
-LAYER_PLAN = {k.removeprefix("layers.{i}."): p for k, p in TP_PLAN.items() if k.startswith("layers.{i}.")}
+LAYER_PLAN = {k.removeprefix("layers.{i}."): p for k, p in TP_PLAN.items()
+              if k.startswith("layers.{i}.")}
 
 def quantize_model_(model: nn.Module,             # a loaded model with `text.DecoderLayer`s
                     granularity: str = "channel",  # the weights' scales: "channel" or "tensor"
                     act: str = "token",            # the activations' scales: "token" or "tensor"
                    ) -> nn.Module:
-    "Replace, in place, every decoder projection of `text.TP_PLAN` in `model` with its FP8 layer; returns `model`."
+    ("Replace, in place, every decoder projection of `text.TP_PLAN` in `model` with its FP8 "
+     "layer; returns `model`.")
     check_fp8_modes(granularity, act)
-    layers = [m for m in model.modules() if isinstance(m, DecoderLayer)]   # no reference to the projections kept
-    if not layers: raise ValueError(f"{type(model).__name__} has no text.DecoderLayer: nothing to quantize")
+    # no reference to the projections kept
+    layers = [m for m in model.modules() if isinstance(m, DecoderLayer)]
+    if not layers: raise ValueError(f"{type(model).__name__} has no text.DecoderLayer: nothing to "
+                                    "quantize")
     for layer in layers:
         for name, plan in LAYER_PLAN.items():
             parent, _, leaf = name.rpartition(".")
             if isinstance(old := layer.get_submodule(name), tuple(FP8_LAYERS.values())):
-                raise ValueError(f"{name} is already FP8 ({old.extra_repr()}): quantize a model once")
-            setattr(layer.get_submodule(parent), leaf, FP8_LAYERS[plan.style](old, granularity, act))
+                raise ValueError(f"{name} is already FP8 ({old.extra_repr()}): quantize a model "
+                                 "once")
+            new = FP8_LAYERS[plan.style](old, granularity, act)
+            setattr(layer.get_submodule(parent), leaf, new)
             del old
     return model

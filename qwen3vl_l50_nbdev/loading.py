@@ -23,14 +23,16 @@ from pathlib import Path
 from typing import Iterable, NamedTuple
 import torch
 import torch.nn as nn
+from fastcore.basics import patch
 from safetensors import safe_open, SafetensorError
 from tqdm import tqdm
 from .text import TP_PLAN
 from .tp import STYLES
 from .dist import Group
 from .config import path_exists, read_json, is_int
-from .fp8_blocks import (SCALE_DTYPES, BLOCK_LAYERS, BlockTensor, block_format, check_scales,
-                                          check_scale_values, scale_name, checkpoint_format, SCALE_MAX)
+from .fp8_blocks import (SCALE_DTYPES, BLOCK_LAYERS, BlockTensor, block_format,
+                                          check_scales, check_scale_values, scale_name,
+                                          checkpoint_format, SCALE_MAX)
 
 # %% ../nbs/07_loading.ipynb #40148614
 # HF's modules -> ours; below them names are equal
@@ -38,7 +40,8 @@ ROOTS = {"model.language_model.": "text.", "model.visual.": "vision."}
 SKIPPED = ("lm_head.", "model.language_model.norm.")   # not part of a layer-N encoder
 
 def _renames(plan: dict) -> list[tuple[str, str, int | None]]:
-    "(HF parameter, our parameter, split) for every plan source named otherwise than its module, as templates in `{i}`."
+    ("(HF parameter, our parameter, split) for every plan source named otherwise than its module, "
+     "as templates in `{i}`.")
     rows = []
     for ours, p in plan.items():
         parent = ours.rpartition(".")[0]
@@ -55,80 +58,102 @@ RENAMES = _renames(TP_PLAN)   # text-model names: HF's source -> our fused param
 def _regex(template: str) -> re.Pattern:
     "`{i}` matches a layer number, any other `{name}` a dotted remainder; the rest is literal."
     parts = re.split(r"\{(\w+)\}", template)
-    return re.compile("".join(re.escape(p) if k % 2 == 0 else rf"(?P<{p}>\d+)" if p == "i" else rf"(?P<{p}>.+)"
+    return re.compile("".join(re.escape(p) if k % 2 == 0
+                              else rf"(?P<{p}>\d+)" if p == "i" else rf"(?P<{p}>.+)"
                               for k, p in enumerate(parts)))
 
+# %% ../nbs/07_loading.ipynb #dc009fa4
 def checkpoint_name(name: str) -> str:
-    "A tensor's name as in a checkpoint: a `Qwen3VLModel`'s own names (`language_model.`, `visual.`) under `model.`."
+    ("A tensor's name as in a checkpoint: a `Qwen3VLModel`'s own names (`language_model.`, "
+     "`visual.`) under `model.`.")
     return "model." + name if name.startswith(("language_model.", "visual.")) else name
 
+# %% ../nbs/07_loading.ipynb #464f649c
 def map_name(hf_name: str, selected_layer: int) -> tuple[str, int | None] | None:
-    "Our parameter and fused split for checkpoint tensor `hf_name`, or None when the encoder skips it."
+    ("Our parameter and fused split for checkpoint tensor `hf_name`, or None when the encoder "
+     "skips it.")
     hf_name = checkpoint_name(hf_name)
     if hf_name.startswith(SKIPPED): return None
     for hf_root, root in ROOTS.items():
         if not hf_name.startswith(hf_root): continue
         rest = hf_name[len(hf_root):]
-        if root == "text." and (m := _regex("layers.{i}.{rest}").fullmatch(rest)) and int(m["i"]) >= selected_layer:
-            return None
+        if (root == "text." and (m := _regex("layers.{i}.{rest}").fullmatch(rest))
+                and int(m["i"]) >= selected_layer): return None
         for src, dst, split in RENAMES if root == "text." else ():
             if m := _regex(src).fullmatch(rest): return root + dst.format(**m.groupdict()), split
         return root + rest, None
-    raise ValueError(f"checkpoint tensor {hf_name!r} is under none of {list(ROOTS)} and not skipped "
-                     f"({', '.join(SKIPPED)}): is this a Qwen3-VL checkpoint?")
+    raise ValueError(f"checkpoint tensor {hf_name!r} is under none of {list(ROOTS)} and not "
+                     f"skipped ({', '.join(SKIPPED)}): is this a Qwen3-VL checkpoint?")
 
+# %% ../nbs/07_loading.ipynb #33980e27
 def source_name(param: str, split: int | None = None) -> str:
-    "The checkpoint tensor that fills our parameter `param` (its `split`, for a fused one): `map_name` backwards."
+    ("The checkpoint tensor that fills our parameter `param` (its `split`, for a fused one): "
+     "`map_name` backwards.")
     for hf_root, root in ROOTS.items():
         if not param.startswith(root): continue
         rest = param[len(root):]
         for src, dst, s in RENAMES if root == "text." else ():
-            if (m := _regex(dst).fullmatch(rest)) and s == split: return hf_root + src.format(**m.groupdict())
+            if (m := _regex(dst).fullmatch(rest)) and s == split:
+                return hf_root + src.format(**m.groupdict())
         return hf_root + rest
     raise ValueError(f"parameter {param!r} is under none of {list(ROOTS.values())}")
 
 # %% ../nbs/07_loading.ipynb #3796f6d3
 def sharding_rule(mod: nn.Module, leaf: str) -> int | None:
-    "The dimension of parameter `leaf` of `mod` that is split over the group, or None when it is replicated."
+    ("The dimension of parameter `leaf` of `mod` that is split over the group, or None when it is "
+     "replicated.")
     if not hasattr(mod, "shard_dim"): return None
     if leaf != "weight":
-        raise NotImplementedError(f"{type(mod).__name__}.{leaf}: only the weights of TP layers are sharded")
+        raise NotImplementedError(f"{type(mod).__name__}.{leaf}: only the weights of TP layers are "
+                                  "sharded")
     return mod.shard_dim
 
+# %% ../nbs/07_loading.ipynb #42a068d8
 def param_splits(mod: nn.Module, leaf: str) -> list:
-    "The splits a parameter is filled from: each output split of a fused column-parallel weight, else one (None)."
-    return list(range(len(mod.splits))) if len(getattr(mod, "splits", ())) > 1 and leaf == "weight" else [None]
+    ("The splits a parameter is filled from: each output split of a fused column-parallel weight, "
+     "else one (None).")
+    fused = len(getattr(mod, "splits", ())) > 1 and leaf == "weight"
+    return list(range(len(mod.splits))) if fused else [None]
 
+# %% ../nbs/07_loading.ipynb #976d667b
 def _part(mod: nn.Module, leaf: str, split: int | None) -> torch.Tensor:
     "This rank's part of parameter `leaf` that holds `split` (all of it when None)."
     p = getattr(mod, leaf).data
     return p if split is None else p.split(mod.local_splits)[split]
 
+# %% ../nbs/07_loading.ipynb #1567e1a8
 def full_shape(mod: nn.Module, leaf: str, split: int | None) -> tuple:
-    "The shape of the checkpoint tensor that this parameter (split) is a slice of (without a TP layer's `padding`)."
+    ("The shape of the checkpoint tensor that this parameter (split) is a slice of (without a TP "
+     "layer's `padding`).")
     s = list(_part(mod, leaf, split).shape)
     if (dim := sharding_rule(mod, leaf)) is not None: s[dim] = s[dim] * mod.group.size - mod.padding
     return tuple(s)
 
+# %% ../nbs/07_loading.ipynb #7c6d6f06
 def fill_(mod: nn.Module, leaf: str, split: int | None, full):
-    ("Copy this rank's part of the full tensor `full` (a tensor, or a checkpoint slice read on demand) "
-     "into `mod.leaf` (`split`).")
+    ("Copy this rank's part of the full tensor `full` (a tensor, or a checkpoint slice read on "
+     "demand) into `mod.leaf` (`split`).")
     if sharding_rule(mod, leaf) is not None: mod.load(full, split)
     else: getattr(mod, leaf).data.copy_(full if isinstance(full, torch.Tensor) else full.read())
 
+# %% ../nbs/07_loading.ipynb #2f31bc1c
 class Target(NamedTuple):
-    "What a checkpoint tensor fills: our parameter, its split (fused) or None, and the full tensor's shape."
+    ("What a checkpoint tensor fills: our parameter, its split (fused) or None, and the full "
+     "tensor's shape.")
     param: str
     split: int | None
     shape: tuple
 
+# %% ../nbs/07_loading.ipynb #46b18e5b
 def checkpoint_tensors(model: nn.Module) -> dict[str, Target]:
-    "Every checkpoint tensor (HF name) that `model` needs, with the parameter it fills and its full shape."
+    ("Every checkpoint tensor (HF name) that `model` needs, with the parameter it fills and its "
+     "full shape.")
     modules, out = dict(model.named_modules()), {}
     for name, _ in model.named_parameters():
         owner, _, leaf = name.rpartition(".")
         for split in param_splits(modules[owner], leaf):
-            out[source_name(name, split)] = Target(name, split, full_shape(modules[owner], leaf, split))
+            shape = full_shape(modules[owner], leaf, split)
+            out[source_name(name, split)] = Target(name, split, shape)
     return out
 
 # %% ../nbs/07_loading.ipynb #bdc43de6
@@ -139,64 +164,86 @@ def _check_complete(model: nn.Module, filled: dict):
         owner, _, leaf = name.rpartition(".")
         if missing := [s for s in param_splits(modules[owner], leaf) if s not in filled[name]]:
             problems.append(name if missing == [None]
-                            else f"{name} (fused: missing {', '.join(source_name(name, s) for s in missing)})")
+                            else f"{name} (fused: missing "
+                                 f"{', '.join(source_name(name, s) for s in missing)})")
     if problems:
         raise RuntimeError(f"{len(problems)} parameter(s) not loaded: " + "; ".join(problems[:8])
                            + (" ..." if len(problems) > 8 else ""))
 
+# %% ../nbs/07_loading.ipynb #dc68a507
 def _depth(model: nn.Module) -> int:
     "The decoder layers `model` keeps (its `text.layers`), the `selected_layer` it is loaded for."
     return len(model.get_submodule("text.layers")) if hasattr(model, "text") else 0
 
-FLOAT_DTYPES = ("BF16", "F16", "F32", "F64")   # safetensors' names of the weight dtypes loaded (cast on load)
-_NAMES = {torch.bfloat16: "BF16", torch.float16: "F16", torch.float32: "F32", torch.float64: "F64", torch.int8: "I8",
-          torch.float8_e4m3fn: "F8_E4M3", torch.uint8: "U8", torch.int16: "I16", torch.int32: "I32",
-          torch.int64: "I64", torch.bool: "BOOL"}
+# %% ../nbs/07_loading.ipynb #c08a9be1
+# safetensors' names of the weight dtypes loaded (cast on load)
+FLOAT_DTYPES = ("BF16", "F16", "F32", "F64")
+_NAMES = {torch.bfloat16: "BF16", torch.float16: "F16", torch.float32: "F32", torch.float64: "F64",
+          torch.int8: "I8", torch.float8_e4m3fn: "F8_E4M3", torch.uint8: "U8", torch.int16: "I16",
+          torch.int32: "I32", torch.int64: "I64", torch.bool: "BOOL"}
 
 def _bad_values(v: torch.Tensor, scales: bool = False) -> torch.Tensor:
-    ("How many values of `v` no weight may hold, NaN or Inf (block `scales`: any not finite and positive, or above "
-     "`SCALE_MAX`), as a 0-d tensor where `v` is: counted on the device, read when the caller chooses.")
+    ("How many values of `v` no weight may hold, NaN or Inf (block `scales`: any not finite and "
+     "positive, or above `SCALE_MAX`), as a 0-d tensor where `v` is: counted on the device, read "
+     "when the caller chooses.")
     if scales: return (~(torch.isfinite(v) & (v > 0) & (v <= SCALE_MAX))).sum()
-    if v.dtype == torch.float8_e4m3fn: return ((v.view(torch.uint8) & 0x7F) == 0x7F).sum()   # no Inf; NaN: 0x7F, 0xFF
+    # no Inf; NaN: 0x7F, 0xFF
+    if v.dtype == torch.float8_e4m3fn: return ((v.view(torch.uint8) & 0x7F) == 0x7F).sum()
     return (~torch.isfinite(v)).sum()
 
-def check_weight(name: str, dtype, values: torch.Tensor | None = None, where: str = "", allowed=FLOAT_DTYPES):
-    ("Raise `ValueError` unless checkpoint tensor `name` (`where`: in which file) can be a weight: `dtype` (torch's, "
-     "or safetensors' name) one of `allowed`, and `values`, when given, finite.")
-    dtype = _NAMES.get(dtype, str(dtype).removeprefix("torch.")) if isinstance(dtype, torch.dtype) else dtype
+# %% ../nbs/07_loading.ipynb #5e38e70a
+def check_weight(name: str, dtype, values: torch.Tensor | None = None, where: str = "",
+                 allowed=FLOAT_DTYPES):
+    ("Raise `ValueError` unless checkpoint tensor `name` (`where`: in which file) can be a "
+     "weight: `dtype` (torch's, or safetensors' name) one of `allowed`, and `values`, when given, "
+     "finite.")
+    if isinstance(dtype, torch.dtype): dtype = _NAMES.get(dtype, str(dtype).removeprefix("torch."))
     if dtype not in allowed:
-        raise ValueError(f"{name} is {dtype}{where}: weights must be one of {list(allowed)}; an integer tensor is "
-                         "quantized or corrupt, not a weight (FP8: load the bf16 weights with quant='fp8', or a "
-                         "block-FP8 checkpoint, whose config.json declares its quantization_config)")
+        raise ValueError(f"{name} is {dtype}{where}: weights must be one of {list(allowed)}; an "
+                         "integer tensor is quantized or corrupt, not a weight (FP8: load the "
+                         "bf16 weights with quant='fp8', or a block-FP8 checkpoint, whose "
+                         "config.json declares its quantization_config)")
     if values is not None and (n := int(_bad_values(values))):
-        raise ValueError(f"{name}{where} holds {n:,} NaN or Inf value(s) (of {values.numel():,}): one makes every "
-                         "output row NaN; the weights are corrupt: copy or download them again")
+        raise ValueError(f"{name}{where} holds {n:,} NaN or Inf value(s) (of {values.numel():,}): "
+                         "one makes every output row NaN; the weights are corrupt: copy or "
+                         "download them again")
 
+# %% ../nbs/07_loading.ipynb #ae23e257
 def _plan(model: nn.Module, pairs: Iterable, N: int) -> list[tuple]:
-    "Every pair checked and placed (module, leaf, split, tensor), and none missing; nothing is written."
-    params, modules, filled, plan = dict(model.named_parameters()), dict(model.named_modules()), defaultdict(set), []
+    ("Every pair checked and placed (module, leaf, split, tensor), and none missing; nothing is "
+     "written.")
+    params, modules = dict(model.named_parameters()), dict(model.named_modules())
+    filled, plan = defaultdict(set), []
     for name, t in pairs:
         if (m := map_name(name, N)) is None: continue
         dst, split = m
-        if dst not in params: raise ValueError(f"checkpoint tensor {name} maps to {dst}, which the model does not have")
+        if dst not in params:
+            raise ValueError(f"checkpoint tensor {name} maps to {dst}, which the model does not "
+                             "have")
         if split in filled[dst]:
-            raise ValueError(f"checkpoint tensor {name} was given twice: each tensor must come once")
+            raise ValueError(f"checkpoint tensor {name} was given twice: each tensor must come "
+                             "once")
         owner, _, leaf = dst.rpartition(".")
         if (want := full_shape(modules[owner], leaf, split)) != tuple(t.shape):
-            raise ValueError(f"{name} has shape {list(t.shape)} but {dst}{'' if split is None else f' split {split}'} "
-                             f"is a slice of {list(want)}: was the model built from another config?")
-        if isinstance(t, torch.Tensor): check_weight(name, t.dtype, t)   # a `_Slice` checks itself as it is read
+            raise ValueError(f"{name} has shape {list(t.shape)} but "
+                             f"{dst}{'' if split is None else f' split {split}'} is a slice of "
+                             f"{list(want)}: was the model built from another config?")
+        # a `_Slice` checks itself as it is read
+        if isinstance(t, torch.Tensor): check_weight(name, t.dtype, t)
         filled[dst].add(split); plan.append((modules[owner], leaf, split, t))
     _check_complete(model, filled)
     return plan
 
+# %% ../nbs/07_loading.ipynb #46eea740
 def load_weights(model: nn.Module, pairs: Iterable, selected_layer: int | None = None,
                  progress: str | None = None) -> nn.Module:
-    ("Fill `model` (an encoder: children `text` and/or `vision`) from `(HF name, tensor)` pairs, all or nothing: "
-     "every pair is checked before the first is written; every TP layer copies its slice (`progress`: a bar's title).")
+    ("Fill `model` (an encoder: children `text` and/or `vision`) from `(HF name, tensor)` pairs, "
+     "all or nothing: every pair is checked before the first is written; every TP layer copies "
+     "its slice (`progress`: a bar's title).")
     plan = _plan(model, pairs, _depth(model) if selected_layer is None else selected_layer)
     with torch.no_grad():
-        for mod, leaf, split, t in tqdm(plan, desc=progress, unit="tensor", disable=progress is None):
+        bar = tqdm(plan, desc=progress, unit="tensor", disable=progress is None)
+        for mod, leaf, split, t in bar:
             fill_(mod, leaf, split, t)
     return model
 
@@ -209,114 +256,138 @@ class Entry(NamedTuple):
     scale: "Entry | None" = None   # a block-FP8 weight's `weight_scale_inv`
     block: tuple | None = None     # ... and the block it scales (config.json's weight_block_size)
 
+# %% ../nbs/07_loading.ipynb #236ef9a9
 def _config_json(path: Path, selected_layer: int) -> dict:
-    "`config.json`, checked: unquantized or block FP8 (`fp8_blocks.block_format`), at least `selected_layer` layers."
+    ("`config.json`, checked: unquantized or block FP8 (`fp8_blocks.block_format`), at least "
+     "`selected_layer` layers.")
     if not path_exists(f := path / "config.json"):
         raise FileNotFoundError(f"no config.json in {path}: pass an HF checkpoint directory")
     d = read_json(f)
     block_format(d, str(f))   # a quantization we cannot load raises here, naming the field
-    if is_int(n := (d.get("text_config") or {}).get("num_hidden_layers", selected_layer)) and n < selected_layer:
-        raise ValueError(f"{path} has {n} decoder layers (config.json text_config.num_hidden_layers) "
-                         f"but selected_layer={selected_layer} needs layers 0..{selected_layer - 1}: "
-                         f"choose selected_layer <= {n}")
+    n = (d.get("text_config") or {}).get("num_hidden_layers", selected_layer)
+    if is_int(n) and n < selected_layer:
+        raise ValueError(f"{path} has {n} decoder layers (config.json "
+                         f"text_config.num_hidden_layers) but selected_layer={selected_layer} "
+                         f"needs layers 0..{selected_layer - 1}: choose selected_layer <= {n}")
     return d
 
+# %% ../nbs/07_loading.ipynb #7f3e4b55
 def _weight_map(path: Path) -> dict[str, str] | None:
-    "`model.safetensors.index.json`'s `weight_map` (tensor -> shard file), checked; None when there is no index."
+    ("`model.safetensors.index.json`'s `weight_map` (tensor -> shard file), checked; None when "
+     "there is no index.")
     if not path_exists(index := path / "model.safetensors.index.json"): return None
     wm = read_json(index).get("weight_map")
     if not isinstance(wm, dict) or not wm or not all(isinstance(v, str) for v in wm.values()):
-        raise ValueError(f"{index} has no usable weight_map (an object: tensor name -> shard file name; got "
-                         f"{json.dumps(wm)[:60]}): copy or download the index again")
+        raise ValueError(f"{index} has no usable weight_map (an object: tensor name -> shard file "
+                         f"name; got {json.dumps(wm)[:60]}): copy or download the index again")
     return wm
 
+# %% ../nbs/07_loading.ipynb #588c5302
 def _files(path: Path, wm: dict | None) -> list[Path]:
-    "The checkpoint's safetensors files: those the index's weight map `wm` lists, or `model.safetensors`."
+    ("The checkpoint's safetensors files: those the index's weight map `wm` lists, or "
+     "`model.safetensors`.")
     if wm is not None:
         files = sorted(set(wm.values()))
         if missing := [f for f in files if not path_exists(path / f)]:
-            raise FileNotFoundError(f"model.safetensors.index.json lists {len(missing)} file(s) missing from {path}: "
-                                    f"{missing}")
+            raise FileNotFoundError(f"model.safetensors.index.json lists {len(missing)} file(s) "
+                                    f"missing from {path}: {missing}")
         return [path / f for f in files]
     if path_exists(path / "model.safetensors"): return [path / "model.safetensors"]
     raise FileNotFoundError(f"no model.safetensors or model.safetensors.index.json in {path}")
 
+# %% ../nbs/07_loading.ipynb #1bf3726c
 def _headers(files: list[Path], weight_map: dict | None = None) -> dict[str, Entry]:
-    ("Every tensor's `Entry`, from the headers only, checked: each tensor in one file, the one `weight_map` "
-     "(the index) names when there is one, and every tensor the index lists there.")
+    ("Every tensor's `Entry`, from the headers only, checked: each tensor in one file, the one "
+     "`weight_map` (the index) names when there is one, and every tensor the index lists there.")
     out, where = {}, defaultdict(list)
     for f in files:
         try:
             with safe_open(f, "pt") as s:
                 for k in s.keys():
                     where[k].append(f.name)
-                    out.setdefault(k, Entry(f, tuple((sl := s.get_slice(k)).get_shape()), sl.get_dtype()))
+                    sl = s.get_slice(k)
+                    out.setdefault(k, Entry(f, tuple(sl.get_shape()), sl.get_dtype()))
         except SafetensorError as e:
-            raise ValueError(f"{f} is truncated or corrupt (safetensors: {e}): copy or download it again") from e
-        except PermissionError: raise ValueError(f"{f}: permission denied: make it readable") from None
+            raise ValueError(f"{f} is truncated or corrupt (safetensors: {e}): copy or download it "
+                             "again") from e
+        except PermissionError:
+            raise ValueError(f"{f}: permission denied: make it readable") from None
     fix = "the index and the shards disagree: re-save the checkpoint (or regenerate its index)"
-    if twice := [f"tensor {k} is in {len(fs)} files, {', '.join(fs)}" for k, fs in where.items() if len(fs) > 1]:
-        raise ValueError(f"{len(twice)} tensor(s) stored more than once ({'; '.join(twice[:3])}): which copy is "
-                         "right cannot be told; re-save the checkpoint with each tensor once")
+    if twice := [f"tensor {k} is in {len(fs)} files, {', '.join(fs)}"
+                 for k, fs in where.items() if len(fs) > 1]:
+        raise ValueError(f"{len(twice)} tensor(s) stored more than once ({'; '.join(twice[:3])}): "
+                         "which copy is right cannot be told; re-save the checkpoint with each "
+                         "tensor once")
     if weight_map is None: return out
     if elsewhere := [f"{k} is in {e.file.name} but the index sends it to {weight_map.get(k)!r}"
                      for k, e in out.items() if weight_map.get(k) != e.file.name]:
         raise ValueError(f"model.safetensors.index.json: {'; '.join(elsewhere[:3])}: {fix}")
     if lost := sorted(weight_map.keys() - out.keys()):
-        raise ValueError(f"model.safetensors.index.json lists {len(lost)} tensor(s) that their shard lacks: "
+        raise ValueError(f"model.safetensors.index.json lists {len(lost)} tensor(s) that their "
+                         "shard lacks: "
                          + "; ".join(f"{k} (in {weight_map[k]})" for k in lost[:5]) + f": {fix}")
     return out
 
 # %% ../nbs/07_loading.ipynb #34714d05
 def _sampled(fd: int, begin: int, end: int, k: int = 8, n: int = 512) -> bytes:
-    "`k` windows of `n` bytes spread evenly over bytes `begin:end` of file `fd`, first and last included (all if few)."
+    ("`k` windows of `n` bytes spread evenly over bytes `begin:end` of file `fd`, first and last "
+     "included (all if few).")
     if end - begin <= k * n: return os.pread(fd, end - begin, begin)
     return b"".join(os.pread(fd, n, begin + i * (end - begin - n) // (k - 1)) for i in range(k))
 
+# %% ../nbs/07_loading.ipynb #315ac821
 def checkpoint_fingerprint(path, files=None) -> str:
-    ("sha256 (16 hex digits) of `config.json` and each safetensors file: its size, its header (names, dtypes, shapes) "
-     "and 4 KB of every tensor's bytes, in 8 windows from its first to its last (all of a smaller one).")
+    ("sha256 (16 hex digits) of `config.json` and each safetensors file: its size, its header "
+     "(names, dtypes, shapes) and 4 KB of every tensor's bytes, in 8 windows from its first to "
+     "its last (all of a smaller one).")
     p, h = Path(path), hashlib.sha256()
     h.update((p / "config.json").read_bytes())
     for f in sorted(files or _files(p, _weight_map(p))):
         fd = os.open(f, os.O_RDONLY)
         try:
-            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_RANDOM)   # a cold file: pages, not read-ahead, for each window
+            # a cold file: pages, not read-ahead, for each window
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_RANDOM)
             n = struct.unpack("<Q", os.pread(fd, 8, 0).ljust(8, b"\0"))[0]
             try: tensors = json.loads(header := os.pread(fd, n, 8))
             except (json.JSONDecodeError, UnicodeDecodeError, OverflowError, MemoryError):
-                raise ValueError(f"{f}: its safetensors header is truncated or corrupt: copy or download it "
-                                 "again") from None
+                raise ValueError(f"{f}: its safetensors header is truncated or corrupt: copy or "
+                                 "download it again") from None
             h.update(f"{Path(f).name} {os.fstat(fd).st_size}".encode()); h.update(header)
             for k, t in sorted(tensors.items()):
-                if k != "__metadata__": h.update(_sampled(fd, *(8 + n + o for o in t["data_offsets"])))
+                if k != "__metadata__":
+                    h.update(_sampled(fd, *(8 + n + o for o in t["data_offsets"])))
         finally: os.close(fd)
     return h.hexdigest()[:16]
 
 # %% ../nbs/07_loading.ipynb #d1413650
 def _pair_scales(entries: dict[str, Entry], fmt) -> dict[str, Entry]:
-    ("`entries` with each FP8 weight's `weight_scale_inv` attached to it (checked: dtype, shape, one per weight) "
-     "and the scales dropped; `fmt`: the config's `fp8_blocks.BlockFp8`, or None, and then no FP8 tensor may be there.")
+    ("`entries` with each FP8 weight's `weight_scale_inv` attached to it (checked: dtype, shape, "
+     "one per weight) and the scales dropped; `fmt`: the config's `fp8_blocks.BlockFp8`, or None, "
+     "and then no FP8 tensor may be there.")
     f8 = {k for k, e in entries.items() if e.dtype.startswith("F8")}
     scales = {k for k in entries if k.endswith("_scale_inv") or k.endswith(".weight_scale")}
     at = lambda k: f"{k} ({entries[k].dtype} in {entries[k].file.name})"
     if fmt is None:
         if f8 or scales: raise ValueError(
-            f"{len(f8)} FP8 tensor(s) and {len(scales)} scale(s) ({at(sorted(f8 | scales)[0])}) but config.json has "
-            "no quantization_config: FP8 checkpoints load when it declares their format (block FP8, transformers' "
-            "fine-grained FP8); else load the bf16 checkpoint, optionally with quant='fp8'")
+            f"{len(f8)} FP8 tensor(s) and {len(scales)} scale(s) ({at(sorted(f8 | scales)[0])}) "
+            "but config.json has no quantization_config: FP8 checkpoints load when it declares "
+            "their format (block FP8, transformers' fine-grained FP8); else load the bf16 "
+            "checkpoint, optionally with quant='fp8'")
         return entries
     if bad := sorted(k for k in f8 if entries[k].dtype != "F8_E4M3"):
         raise ValueError(f"{at(bad[0])}: block-FP8 weights must be F8_E4M3 (float8_e4m3fn)")
     if missing := sorted(k for k in f8 if scale_name(k) not in entries):
-        raise ValueError(f"{len(missing)} FP8 weight(s) without their block scales: {at(missing[0])} has no "
-                         f"{scale_name(missing[0])}: each block-FP8 weight needs one; re-save the checkpoint")
+        raise ValueError(f"{len(missing)} FP8 weight(s) without their block scales: "
+                         f"{at(missing[0])} has no {scale_name(missing[0])}: each block-FP8 weight "
+                         "needs one; re-save the checkpoint")
     if alone := sorted(scales - {scale_name(k) for k in f8}):
-        raise ValueError(f"{len(alone)} scale tensor(s) without an FP8 weight: {at(alone[0])}: was its weight "
-                         "dequantized, or is the checkpoint in another format (per-tensor `weight_scale`)?")
+        raise ValueError(f"{len(alone)} scale tensor(s) without an FP8 weight: {at(alone[0])}: was "
+                         "its weight dequantized, or is the checkpoint in another format "
+                         "(per-tensor `weight_scale`)?")
     if kept := sorted(k for k in f8 if not fmt.converted(k.removesuffix(".weight"))):
-        raise ValueError(f"{at(kept[0])} is FP8 but config.json's modules_to_not_convert {list(fmt.not_converted)} "
-                         "keeps its module unconverted: the config and the weights disagree")
+        raise ValueError(f"{at(kept[0])} is FP8 but config.json's modules_to_not_convert "
+                         f"{list(fmt.not_converted)} keeps its module unconverted: the config and "
+                         "the weights disagree")
     out = {}
     for k, e in entries.items():
         if k in scales: continue
@@ -331,13 +402,16 @@ def _pair_scales(entries: dict[str, Entry], fmt) -> dict[str, Entry]:
 # %% ../nbs/07_loading.ipynb #ec1f8d0a
 class CheckpointIndex(NamedTuple):
     "What a checkpoint directory holds, from its index and headers alone (checked)."
-    entries: dict[str, Entry]   # each tensor's `Entry`; an FP8 weight with its scales attached, the scales dropped
+    # each tensor's `Entry`; an FP8 weight with its scales attached, the scales dropped
+    entries: dict[str, Entry]
     weight_map: dict | None     # model.safetensors.index.json's weight map, None without an index
     files: list[Path]           # the safetensors files
     fmt: object                 # config.json's `fp8_blocks.BlockFp8`, None when unquantized
 
+# %% ../nbs/07_loading.ipynb #01255570
 def checkpoint_index(path) -> CheckpointIndex:
-    "The `CheckpointIndex` of HF checkpoint directory `path`: its index read once, every header checked."
+    ("The `CheckpointIndex` of HF checkpoint directory `path`: its index read once, every header "
+     "checked.")
     path = Path(path)
     fmt, wm = checkpoint_format(path), _weight_map(path)
     files = _files(path, wm)
@@ -345,17 +419,19 @@ def checkpoint_index(path) -> CheckpointIndex:
 
 # %% ../nbs/07_loading.ipynb #7efe2261
 def _check_block_shards(model: nn.Module, fp8: dict[str, Entry], want: dict):
-    "Raise naming each block-FP8 weight whose TP shards would cut its scale blocks: before anything is read."
+    ("Raise naming each block-FP8 weight whose TP shards would cut its scale blocks: before "
+     "anything is read.")
     modules, bad, size = dict(model.named_modules()), [], 1
     for k, e in fp8.items():
         mod = modules[want[k].param.rpartition(".")[0]]
         if (dim := sharding_rule(mod, "weight")) is None or (size := mod.group.size) == 1: continue
         n, b = e.shape[dim] // size, e.block[dim]
-        if n % b: bad.append(f"{k}: {e.shape[dim]} {('rows', 'columns')[dim]} / TP {size} = {n} a rank, not whole "
-                             f"{b}-blocks")
+        if n % b: bad.append(f"{k}: {e.shape[dim]} {('rows', 'columns')[dim]} / TP {size} = {n} a "
+                             f"rank, not whole {b}-blocks")
     if bad:
         raise ValueError(f"TP {size} would cut the scale blocks of {len(bad)} block-FP8 weight(s): "
-                         + "; ".join(bad[:4]) + ": choose a TP size that divides each into whole blocks")
+                         + "; ".join(bad[:4]) + ": choose a TP size that divides each into whole "
+                                                "blocks")
 
 
 # %% ../nbs/07_loading.ipynb #51fb790a
@@ -363,9 +439,10 @@ def _missing_message(missing: list[str], want: dict[str, Target]) -> str:
     "Each missing checkpoint tensor, and the parameter (and fused split) it was to fill."
     one = lambda k: (f"{k} (for {want[k].param})" if want[k].split is None
                      else f"{k} (source {want[k].split} of the fused {want[k].param})")
-    return (f"the checkpoint lacks {len(missing)} tensor(s) the encoder needs: " + "; ".join(map(one, missing[:8]))
-            + (" ..." if len(missing) > 8 else ""))
+    return (f"the checkpoint lacks {len(missing)} tensor(s) the encoder needs: "
+            + "; ".join(map(one, missing[:8])) + (" ..." if len(missing) > 8 else ""))
 
+# %% ../nbs/07_loading.ipynb #de2bb0dc
 def check_checkpoint(path, model: nn.Module) -> dict[str, Entry]:
     ("Check an HF checkpoint dir against `model` from `config.json` and the headers; "
      "return the `Entry` of each tensor to load.")
@@ -374,16 +451,20 @@ def check_checkpoint(path, model: nn.Module) -> dict[str, Entry]:
     entries = checkpoint_index(path).entries
     layer = _regex("model.language_model.layers.{i}.{rest}")
     if (n := 1 + max((int(m["i"]) for k in entries if (m := layer.fullmatch(k))), default=-1)) < N:
-        raise ValueError(f"{path}'s tensors cover {n} decoder layers but selected_layer={N} needs {N}: "
-                         f"choose selected_layer <= {n}")
-    needed, want = {k: e for k, e in entries.items() if map_name(k, N) is not None}, checkpoint_tensors(model)
+        raise ValueError(f"{path}'s tensors cover {n} decoder layers but selected_layer={N} needs "
+                         f"{N}: choose selected_layer <= {n}")
+    needed = {k: e for k, e in entries.items() if map_name(k, N) is not None}
+    want = checkpoint_tensors(model)
     for k, e in needed.items():   # the values: as read
-        check_weight(k, e.dtype, where=f" in {e.file.name}", allowed=("F8_E4M3",) if e.scale else FLOAT_DTYPES)
-    if missing := sorted(want.keys() - needed.keys()): raise ValueError(_missing_message(missing, want))
+        allowed = ("F8_E4M3",) if e.scale else FLOAT_DTYPES
+        check_weight(k, e.dtype, where=f" in {e.file.name}", allowed=allowed)
+    if missing := sorted(want.keys() - needed.keys()):
+        raise ValueError(_missing_message(missing, want))
     if extra := sorted(needed.keys() - want.keys()):
-        raise ValueError(f"{len(extra)} checkpoint tensor(s) that the model does not have: {extra[:5]}: "
-                         "was the model built from this checkpoint's config?")
-    if bad := [f"{k} has shape {list(e.shape)} in {e.file.name} but the model needs {list(want[k].shape)}"
+        raise ValueError(f"{len(extra)} checkpoint tensor(s) that the model does not have: "
+                         f"{extra[:5]}: was the model built from this checkpoint's config?")
+    if bad := [f"{k} has shape {list(e.shape)} in {e.file.name} but the model needs "
+               f"{list(want[k].shape)}"
                for k, e in needed.items() if e.shape != want[k].shape]:
         raise ValueError(f"{len(bad)} tensor(s) with the wrong shape: " + "; ".join(bad[:5]))
     _check_block_shards(model, {k: e for k, e in needed.items() if e.scale}, want)
@@ -393,65 +474,80 @@ def check_checkpoint(path, model: nn.Module) -> dict[str, Entry]:
 _DTYPES = {v: k for k, v in _NAMES.items()}   # safetensors' dtype names -> torch's
 
 def _data_offsets(file: Path) -> tuple[int, dict[str, tuple[int, int]]]:
-    "Where safetensors file `file`'s data begins, and each tensor's `data_offsets` (begin, end) in it, from its header."
+    ("Where safetensors file `file`'s data begins, and each tensor's `data_offsets` (begin, end) "
+     "in it, from its header.")
     with open(file, "rb") as f:
         n = struct.unpack("<Q", f.read(8))[0]
         head = json.loads(f.read(n))
     return 8 + n, {k: tuple(v["data_offsets"]) for k, v in head.items() if k != "__metadata__"}
 
+# %% ../nbs/07_loading.ipynb #30e48c9d
 def _pread(fd: int, buf: torch.Tensor, runs: list[tuple[int, int]], file: Path):
-    "Fill the flat byte tensor `buf` from open file `fd`: `runs` of (file offset, bytes), one after the other in `buf`."
+    ("Fill the flat byte tensor `buf` from open file `fd`: `runs` of (file offset, bytes), one "
+     "after the other in `buf`.")
     mv, at = memoryview(buf.numpy()), 0
     for off, n in runs:
         while n:
             if (got := os.preadv(fd, [mv[at:at + n]], off)) <= 0:
-                raise ValueError(f"{file} ends before byte {off + n:,} that its header promises: it is truncated; "
-                                 "copy or download it again")
+                raise ValueError(f"{file} ends before byte {off + n:,} that its header promises: "
+                                 "it is truncated; copy or download it again")
             at, off, n = at + got, off + got, n - got
 
+# %% ../nbs/07_loading.ipynb #277013da
 class _Slice:
-    ("An unread checkpoint tensor `name` (`where`: in which file) at byte `offset` of `file`: `narrow` (what "
-     "`tp.shard` calls) reads only the rows or columns asked for, and checks them (`check_weight`).")
-    def __init__(self, file, offset: int, dtype: str, shape, stats: dict, name: str = "tensor", where: str = "",
-                 allowed=FLOAT_DTYPES):
-        self.file, self.offset, self.dtype, self.shape = Path(file), offset, _DTYPES[dtype], torch.Size(shape)
-        self.stats, self.name, self.where, self.allowed = stats, name, where, allowed   # `allowed`: `check_weight`'s
-
-    def runs(self, dim: int, start: int, length: int) -> list[tuple[int, int]]:
-        "The (file offset, bytes) runs that hold `narrow(dim, start, length)`: one, or one per row above `dim`."
-        inner = math.prod(self.shape[dim + 1:]) * self.dtype.itemsize
-        step, outer = self.shape[dim] * inner, math.prod(self.shape[:dim])
-        return [(self.offset + o * step + start * inner, length * inner) for o in range(outer)] if length else []
-
-    def narrow(self, dim: int, start: int, length: int) -> torch.Tensor:
-        shape = list(self.shape); shape[dim] = length
-        t = torch.empty(math.prod(shape) * self.dtype.itemsize, dtype=torch.uint8)
-        fd = os.open(self.file, os.O_RDONLY)
-        try: _pread(fd, t, self.runs(dim, start, length), self.file)
-        finally: os.close(fd)
-        t = t.view(self.dtype).view(shape)
-        self.stats["tensors_read"] += 1; self.stats["bytes_read"] += t.nbytes
-        check_weight(self.name, t.dtype, t, self.where, self.allowed)
-        return t
+    ("An unread checkpoint tensor `name` (`where`: in which file) at byte `offset` of `file`: "
+     "`narrow` (what `tp.shard` calls) reads only the rows or columns asked for, and checks them "
+     "(`check_weight`).")
+    def __init__(self, file, offset: int, dtype: str, shape, stats: dict, name: str = "tensor",
+                 where: str = "", allowed=FLOAT_DTYPES):
+        self.file, self.offset = Path(file), offset
+        self.dtype, self.shape = _DTYPES[dtype], torch.Size(shape)
+        # `allowed`: `check_weight`'s
+        self.stats, self.name, self.where, self.allowed = stats, name, where, allowed
 
     def read(self) -> torch.Tensor: return self.narrow(0, 0, self.shape[0])
 
+# %% ../nbs/07_loading.ipynb #18be10c9
+@patch
+def runs(self: _Slice, dim: int, start: int, length: int) -> list[tuple[int, int]]:
+    ("The (file offset, bytes) runs that hold `narrow(dim, start, length)`: one, or one per row "
+     "above `dim`.")
+    inner = math.prod(self.shape[dim + 1:]) * self.dtype.itemsize
+    step, outer = self.shape[dim] * inner, math.prod(self.shape[:dim])
+    if not length: return []
+    return [(self.offset + o * step + start * inner, length * inner) for o in range(outer)]
+
+# %% ../nbs/07_loading.ipynb #9bc0a857
+@patch
+def narrow(self: _Slice, dim: int, start: int, length: int) -> torch.Tensor:
+    shape = list(self.shape); shape[dim] = length
+    t = torch.empty(math.prod(shape) * self.dtype.itemsize, dtype=torch.uint8)
+    fd = os.open(self.file, os.O_RDONLY)
+    try: _pread(fd, t, self.runs(dim, start, length), self.file)
+    finally: os.close(fd)
+    t = t.view(self.dtype).view(shape)
+    self.stats["tensors_read"] += 1; self.stats["bytes_read"] += t.nbytes
+    check_weight(self.name, t.dtype, t, self.where, self.allowed)
+    return t
 
 # %% ../nbs/07_loading.ipynb #0cfd2c88
 def _source(k: str, e: Entry, stats: dict, at: dict):
-    ("What fills from checkpoint tensor `k`: a `_Slice`, or for a block-FP8 weight a `BlockTensor` of it and its "
-     "scales; `at`: each file's `_data_offsets`.")
+    ("What fills from checkpoint tensor `k`: a `_Slice`, or for a block-FP8 weight a "
+     "`BlockTensor` of it and its scales; `at`: each file's `_data_offsets`.")
     def piece(name: str, e: Entry, allowed) -> _Slice:
         start, offsets = at[e.file]
-        return _Slice(e.file, start + offsets[name][0], e.dtype, e.shape, stats, name, f" in {e.file.name}", allowed)
+        return _Slice(e.file, start + offsets[name][0], e.dtype, e.shape, stats, name,
+                      f" in {e.file.name}", allowed)
     w = piece(k, e, ("F8_E4M3",) if e.scale else FLOAT_DTYPES)
-    return w if e.scale is None else BlockTensor(w, piece(scale_name(k), e.scale, SCALE_DTYPES), e.block, k)
+    if e.scale is None: return w
+    return BlockTensor(w, piece(scale_name(k), e.scale, SCALE_DTYPES), e.block, k)
 
 
 # %% ../nbs/07_loading.ipynb #a7c1e002
 class _Part(NamedTuple):
-    ("A rank's part of one checkpoint tensor: `src`'s (a `_Slice`) `length` rows or columns from `start` along `dim` "
-     "into `dst` (contiguous); `pad`: what the layer zeroes (None); `scales`: checked as block scales.")
+    ("A rank's part of one checkpoint tensor: `src`'s (a `_Slice`) `length` rows or columns from "
+     "`start` along `dim` into `dst` (contiguous); `pad`: what the layer zeroes (None); `scales`: "
+     "checked as block scales.")
     src: _Slice
     dim: int
     start: int
@@ -460,85 +556,106 @@ class _Part(NamedTuple):
     pad: torch.Tensor | None = None
     scales: bool = False
 
+# %% ../nbs/07_loading.ipynb #f34bcb8f
 def _parts(mod: nn.Module, leaf: str, split: int | None, t) -> list[_Part] | None:
-    ("Where `t` (a `_Slice`, or a `BlockTensor` of two) goes in `mod.leaf` (`split`), as the layer's `load` puts it; "
-     "None when the layer's own `load` must do it (a block-FP8 weight dequantized into a bf16 layer).")
+    ("Where `t` (a `_Slice`, or a `BlockTensor` of two) goes in `mod.leaf` (`split`), as the "
+     "layer's `load` puts it; None when the layer's own `load` must do it (a block-FP8 weight "
+     "dequantized into a bf16 layer).")
     dim, block = sharding_rule(mod, leaf), isinstance(t, BlockTensor)
-    if block != isinstance(mod, tuple(BLOCK_LAYERS.values())) or not (dim is None or block
-                                                                        or type(mod) in STYLES.values()): return None
-    pieces = [(t.weight, _part(mod, leaf, split), False), (t.scale_inv, _scale_part(mod, split), True)] if block \
-        else [(t, _part(mod, leaf, split), False)]
+    if (block != isinstance(mod, tuple(BLOCK_LAYERS.values()))
+            or not (dim is None or block or type(mod) in STYLES.values())): return None
+    pieces = ([(t.weight, _part(mod, leaf, split), False),
+               (t.scale_inv, _scale_part(mod, split), True)] if block
+              else [(t, _part(mod, leaf, split), False)])
     out = []
     for src, dst, scales in pieces:
         local = dst.shape[dim or 0]
         start = 0 if dim is None else mod.group.rank * local
-        n = max(0, min(local, src.shape[dim or 0] - start))   # the embedding's last ranks: fewer rows, or none
+        # the embedding's last ranks: fewer rows, or none
+        n = max(0, min(local, src.shape[dim or 0] - start))
         d = dst.narrow(dim or 0, 0, n)
         if not d.is_contiguous(): return None
-        out.append(_Part(src, dim or 0, start, n, d, dst.narrow(dim or 0, n, local - n) if n < local else None, scales))
+        pad = dst.narrow(dim or 0, n, local - n) if n < local else None
+        out.append(_Part(src, dim or 0, start, n, d, pad, scales))
     return out
 
-
 # %% ../nbs/07_loading.ipynb #a7c1e005
-SLOTS, SLOT_BYTES = 16, 16 << 20   # the pinned staging ring of a device target: 16 slots of 16 MiB, reused
+# the pinned staging ring of a device target: 16 slots of 16 MiB, reused
+SLOTS, SLOT_BYTES = 16, 16 << 20
 READERS = 8                        # reader threads (at most the CPU's cores)
-WHOLE_ROWS = True                  # a device target's column slice: whole rows read, the slice cut on the device
+# a device target's column slice: whole rows read, the slice cut on the device
+WHOLE_ROWS = True
 
 def _runs(p: _Part, cap: int) -> list[tuple]:
-    ("`p` cut into pieces of at most `cap` bytes (or one row): (first element of `p.dst`, end element, file runs, "
-     "and for whole rows (`WHOLE_ROWS`) the row's bytes, the slice's first byte and its bytes in it, else None).")
+    ("`p` cut into pieces of at most `cap` bytes (or one row): (first element of `p.dst`, end "
+     "element, file runs, and for whole rows (`WHOLE_ROWS`) the row's bytes, the slice's first "
+     "byte and its bytes in it, else None).")
     item, runs = p.src.dtype.itemsize, p.src.runs(p.dim, p.start, p.length)
     if len(runs) == 1:   # one run of bytes: cut anywhere between elements
         (off, n), step = runs[0], max(1, cap // item)
-        return [(e, min(e + step, n // item), [(off + e * item, (min(e + step, n // item) - e) * item)], None)
+        return [(e, (e1 := min(e + step, n // item)), [(off + e * item, (e1 - e) * item)], None)
                 for e in range(0, n // item, step)]
-    row, n = p.src.runs(p.dim, 0, p.src.shape[p.dim])[0][1], runs[0][1]   # a whole row's bytes, the slice's
+    # a whole row's bytes, the slice's
+    row, n = p.src.runs(p.dim, 0, p.src.shape[p.dim])[0][1], runs[0][1]
     if WHOLE_ROWS and p.dst.is_cuda and p.dst.dtype == p.src.dtype:
         k, at = max(1, cap // row), runs[0][0] - p.src.runs(p.dim, 0, 1)[0][0]
-        return [(i * n // item, (j := min(i + k, len(runs))) * n // item, [(runs[i][0] - at, (j - i) * row)],
-                 (row, at, n)) for i in range(0, len(runs), k)]
+        return [(i * n // item, (j := min(i + k, len(runs))) * n // item,
+                 [(runs[i][0] - at, (j - i) * row)], (row, at, n)) for i in range(0, len(runs), k)]
     k = max(1, cap // n)   # rows of a column slice: one run each, whole rows per piece
-    return [(i * n // item, min(i + k, len(runs)) * n // item, runs[i:i + k], None) for i in range(0, len(runs), k)]
+    return [(i * n // item, min(i + k, len(runs)) * n // item, runs[i:i + k], None)
+            for i in range(0, len(runs), k)]
 
+# %% ../nbs/07_loading.ipynb #df6beb84
 def _read(p: _Part, buf: torch.Tensor, runs: list):
     "`runs` of `p`'s file into `buf`, through a descriptor of this read's own (threads share none)."
     fd = os.open(p.src.file, os.O_RDONLY)
     try: _pread(fd, buf, runs, p.src.file)
     finally: os.close(fd)
 
+# %% ../nbs/07_loading.ipynb #8ee19745
 def _to_host(p: _Part, e0: int, e1: int, runs: list) -> int:
-    "Read elements `e0:e1` of `p` straight into its host target (through a scratch when cast); its bad values."
+    ("Read elements `e0:e1` of `p` straight into its host target (through a scratch when cast); "
+     "its bad values.")
     dst = p.dst.view(-1)[e0:e1]
-    buf = dst.view(torch.uint8) if dst.dtype == p.src.dtype else torch.empty(sum(n for _, n in runs), dtype=torch.uint8)
+    if dst.dtype == p.src.dtype: buf = dst.view(torch.uint8)
+    else: buf = torch.empty(sum(n for _, n in runs), dtype=torch.uint8)
     _read(p, buf, runs)
     v = buf.view(p.src.dtype)
     n = int(_bad_values(v, p.scales))   # as read, in the checkpoint's dtype
     if dst.dtype != p.src.dtype: dst.copy_(v)
     return n
 
+# %% ../nbs/07_loading.ipynb #54ed6bd1
 def _to_slot(p: _Part, runs: list, slot: torch.Tensor, free: torch.cuda.Event):
     "Read `runs` of `p` into pinned `slot`, once the copy that last read the slot is done."
     free.synchronize()
     _read(p, slot[:sum(n for _, n in runs)], runs)
 
-
 # %% ../nbs/07_loading.ipynb #a7c1e006
-def _stream(parts: list[_Part], stats: dict, threads: int | None = None, progress: str | None = None) -> list[int]:
-    ("Fill every part's target from the files, reader threads ahead of asynchronous copies out of one pinned ring; "
-     "returns each part's count of bad values (`_bad_values`), checked where it landed.")
+def _stream(parts: list[_Part], stats: dict, threads: int | None = None,
+            progress: str | None = None) -> list[int]:
+    ("Fill every part's target from the files, reader threads ahead of asynchronous copies out of "
+     "one pinned ring; returns each part's count of bad values (`_bad_values`), checked where it "
+     "landed.")
     bad = [0] * len(parts)
     dev = next((p.dst.device for p in parts if p.dst.is_cuda), None)
-    ring = None if dev is None else torch.empty(SLOTS, SLOT_BYTES, dtype=torch.uint8, pin_memory=True)
+    ring = (None if dev is None
+            else torch.empty(SLOTS, SLOT_BYTES, dtype=torch.uint8, pin_memory=True))
     free, on_dev = [torch.cuda.Event() for _ in range(SLOTS)] if dev else [], []
-    scratch = None if dev is None or not WHOLE_ROWS else torch.empty(SLOT_BYTES, dtype=torch.uint8, device=dev)
+    scratch = (None if dev is None or not WHOLE_ROWS
+               else torch.empty(SLOT_BYTES, dtype=torch.uint8, device=dev))
     def issue(i, p, e0, e1, cut, s, read):   # the slot's bytes to the device, checked there
         read.result()
         dst = p.dst.view(-1)[e0:e1]
-        if cut is None: dst.copy_(ring[s, :(e1 - e0) * p.src.dtype.itemsize].view(p.src.dtype), non_blocking=True)
-        else:   # whole rows: to the scratch, then the slice's columns out of it (one stream: in order)
+        if cut is None:
+            src = ring[s, :(e1 - e0) * p.src.dtype.itemsize].view(p.src.dtype)
+            dst.copy_(src, non_blocking=True)
+        # whole rows: to the scratch, then the slice's columns out of it (one stream: in order)
+        else:
             (row, at, n), rows = cut, dst.nbytes // cut[2]
             scratch[:rows * row].copy_(ring[s, :rows * row], non_blocking=True)
-            dst.view(torch.uint8).view(rows, n).copy_(scratch[:rows * row].view(rows, row)[:, at:at + n])
+            cols = scratch[:rows * row].view(rows, row)[:, at:at + n]
+            dst.view(torch.uint8).view(rows, n).copy_(cols)
         on_dev.append((i, _bad_values(dst, p.scales))); free[s].record()
     bar = tqdm(total=sum(p.dst.nbytes for p in parts), desc=progress, unit="B", unit_scale=True,
                disable=progress is None)
@@ -553,13 +670,17 @@ def _stream(parts: list[_Part], stats: dict, threads: int | None = None, progres
                 for e0, e1, runs, cut in _runs(p, SLOT_BYTES):
                     stats["bytes_read"] += sum(n for _, n in runs)   # whole rows: all of them
                     bar.update(p.dst.element_size() * (e1 - e0))
-                    if not p.dst.is_cuda: host.append((i, pool.submit(_to_host, p, e0, e1, runs))); continue
-                    if len(flying) == SLOTS: issue(*flying.popleft())   # frees the slot this read will use
+                    if not p.dst.is_cuda:
+                        host.append((i, pool.submit(_to_host, p, e0, e1, runs))); continue
+                    # frees the slot this read will use
+                    if len(flying) == SLOTS: issue(*flying.popleft())
                     s, j = j % SLOTS, j + 1
-                    flying.append((i, p, e0, e1, cut, s, pool.submit(_to_slot, p, runs, ring[s], free[s])))
+                    job = pool.submit(_to_slot, p, runs, ring[s], free[s])
+                    flying.append((i, p, e0, e1, cut, s, job))
             while flying: issue(*flying.popleft())
             for i, f in host: bad[i] += f.result()
-            counts = torch.stack([c for _, c in on_dev]).tolist() if on_dev else []   # waits for every copy
+            # waits for every copy
+            counts = torch.stack([c for _, c in on_dev]).tolist() if on_dev else []
     finally: bar.close()
     for (i, _), c in zip(on_dev, counts): bad[i] += c
     return bad
@@ -567,7 +688,8 @@ def _stream(parts: list[_Part], stats: dict, threads: int | None = None, progres
 
 # %% ../nbs/07_loading.ipynb #a7c1e007
 def _check_parts(parts: list[_Part], bad: list[int]):
-    "Raise `check_weight`'s (then for block scales `check_scale_values`') message for the first part with bad values."
+    ("Raise `check_weight`'s (then for block scales `check_scale_values`') message for the first "
+     "part with bad values.")
     for p, n in zip(parts, bad):
         if not n: continue
         check_weight(p.src.name, p.src.dtype, p.dst, p.src.where, p.src.allowed)
@@ -577,11 +699,14 @@ def _check_parts(parts: list[_Part], bad: list[int]):
 # %% ../nbs/07_loading.ipynb #0e535aac
 def load_checkpoint(model: nn.Module, path, progress: bool = True, group: Group | None = None,
                     threads: int | None = None) -> dict:
-    ("Fill `model` from an HF checkpoint dir, each TP layer reading only its slice (`threads` readers, default "
-     "`READERS`); returns what was read. `group`: the ranks loading it, which then fail together.")
+    ("Fill `model` from an HF checkpoint dir, each TP layer reading only its slice (`threads` "
+     "readers, default `READERS`); returns what was read. `group`: the ranks loading it, which "
+     "then fail together.")
     entries = check_checkpoint(path, model)
-    files, err = sorted({e.file for e in entries.values()} | {e.scale.file for e in entries.values() if e.scale}), None
-    stats, at = dict(files=len(files), tensors_read=0, bytes_read=0), {f: _data_offsets(f) for f in files}
+    files = sorted({e.file for e in entries.values()}
+                   | {e.scale.file for e in entries.values() if e.scale})
+    err, stats = None, dict(files=len(files), tensors_read=0, bytes_read=0)
+    at = {f: _data_offsets(f) for f in files}
     pairs = [(k, _source(k, e, stats, at)) for k, e in entries.items()]
     try:
         parts, rest = [], []
@@ -589,22 +714,25 @@ def load_checkpoint(model: nn.Module, path, progress: bool = True, group: Group 
             if (ps := _parts(mod, leaf, split, t)) is None: rest.append((mod, leaf, split, t))
             else: parts += ps
         with torch.no_grad():
-            _check_parts(parts, _stream(parts, stats, threads, f"loading {Path(path).name}" if progress else None))
-            for mod, leaf, split, t in rest: fill_(mod, leaf, split, t)   # a block-FP8 weight dequantized
+            title = f"loading {Path(path).name}" if progress else None
+            _check_parts(parts, _stream(parts, stats, threads, title))
+            # a block-FP8 weight dequantized
+            for mod, leaf, split, t in rest: fill_(mod, leaf, split, t)
     except ValueError as e: err = e   # a bad value in this rank's slice
     if group is not None and group.size > 1:
         flag = torch.tensor([float(err is not None)], device=next(model.parameters()).device)
         if group.all_reduce(flag, op="max").item() and err is None:
-            raise ValueError(f"another rank of the group {list(group.ranks)} could not load its slice of {path} "
-                             "(its message says which tensor)")
+            raise ValueError(f"another rank of the group {list(group.ranks)} could not load its "
+                             f"slice of {path} (its message says which tensor)")
     if err is not None: raise err
     return stats
 
 
 # %% ../nbs/07_loading.ipynb #8a9c8944
 def unshard(models: list[nn.Module]) -> dict[str, torch.Tensor]:
-    ("The full checkpoint tensors (HF names) put back together from every rank's model, in group-rank order; "
-     "block-FP8 layers give their FP8 weights and `weight_scale_inv` as the checkpoint holds them.")
+    ("The full checkpoint tensors (HF names) put back together from every rank's model, in "
+     "group-rank order; block-FP8 layers give their FP8 weights and `weight_scale_inv` as the "
+     "checkpoint holds them.")
     out, modules = {}, [dict(m.named_modules()) for m in models]
     for name, _ in models[0].named_parameters():
         owner, _, leaf = name.rpartition(".")
@@ -614,18 +742,23 @@ def unshard(models: list[nn.Module]) -> dict[str, torch.Tensor]:
             parts = [_part(m, leaf, split) for m in mods]
             if dim is None and not all(torch.equal(parts[0], p) for p in parts[1:]):
                 raise ValueError(f"replicated parameter {name} differs between ranks")
-            if dim is not None:   # the shards in order, less the padding the layer added (the embedding's zero rows)
+            # the shards in order, less the padding the layer added (the embedding's zero rows)
+            if dim is not None:
                 full = torch.cat(parts, dim)
-                out[source_name(name, split)] = full.narrow(dim, 0, full.shape[dim] - mods[0].padding)
+                n = full.shape[dim] - mods[0].padding
+                out[source_name(name, split)] = full.narrow(dim, 0, n)
             else: out[source_name(name, split)] = parts[0]
-    for name, mod in models[0].named_modules():   # block-FP8 layers: their scales (buffers), by the checkpoint's names
+    # block-FP8 layers: their scales (buffers), by the checkpoint's names
+    for name, mod in models[0].named_modules():
         if not hasattr(mod, "weight_scale_inv"): continue
         for split in param_splits(mod, "weight"):
             parts = [_scale_part(ms[name], split) for ms in modules]
             out[scale_name(source_name(f"{name}.weight", split))] = torch.cat(parts, mod.shard_dim)
     return out
 
+# %% ../nbs/07_loading.ipynb #947e24ef
 def _scale_part(mod: nn.Module, split: int | None) -> torch.Tensor:
-    "This rank's block scales of a block-FP8 layer's `split` (its rows of scale blocks; all of them when None)."
+    ("This rank's block scales of a block-FP8 layer's `split` (its rows of scale blocks; all of "
+     "them when None).")
     s = mod.weight_scale_inv
     return s if split is None else s.split([n // mod.block[0] for n in mod.local_splits])[split]

@@ -9,20 +9,25 @@ __all__ = ['OFFLOADS', 'ALIGN', 'check_offload', 'Packed', 'CpuOffload', 'Layerw
 import math
 import torch
 import torch.nn as nn
+from fastcore.basics import patch
 
 # %% ../nbs/10_offload.ipynb #b310adcf
 OFFLOADS = (None, "cpu", "layerwise")
-ALIGN = 512   # bytes: each tensor of a packed buffer starts where the CUDA caching allocator would start one
-
 def check_offload(offload: str | None) -> str | None:
     "`offload`, or a `ValueError` naming the choices."
     if offload not in OFFLOADS: raise ValueError(f"offload={offload!r}: choose one of {OFFLOADS}")
     return offload
 
+# %% ../nbs/10_offload.ipynb #ee2a4456
+# bytes: each tensor of a packed buffer starts where the CUDA caching allocator would start one
+ALIGN = 512
+
 def _align(n: int) -> int: return -(-n // ALIGN) * ALIGN
 
+# %% ../nbs/10_offload.ipynb #40adfb2b
 class Packed:
-    "The parameters and buffers of `module` packed in one flat byte buffer `host` (pinned: `pin`); `bind` moves them."
+    ("The parameters and buffers of `module` packed in one flat byte buffer `host` (pinned: "
+     "`pin`); `bind` moves them.")
     def __init__(self, module: nn.Module,  # the module whose tensors to pack
                  pin: bool = False,  # pin the host buffer (fast, asynchronous copies to a GPU)
                 ):
@@ -30,48 +35,65 @@ class Packed:
         for kind, named in ((True, module.named_parameters()), (False, module.named_buffers())):
             for name, t in named:
                 owner, _, leaf = name.rpartition(".")
-                self.entries.append((module.get_submodule(owner), leaf, kind, t.dtype, t.shape, off))
+                self.entries.append((module.get_submodule(owner), leaf, kind, t.dtype, t.shape,
+                                     off))
                 off = _align(off + t.nbytes)
         self.nbytes = off
-        with torch.inference_mode(False):   # views made in inference mode could not be written outside it
+        # views made in inference mode could not be written outside it
+        with torch.inference_mode(False):
             self.host = torch.empty(self.nbytes, dtype=torch.uint8, pin_memory=pin)
             self.host_views = self.views(self.host)
         for v, t in zip(self.host_views, self.tensors()): v.copy_(t)
         self.bind(self.host_views)
 
-    def tensors(self) -> list[torch.Tensor]:
-        "The tensors the module holds now."
-        return [getattr(m, leaf) for m, leaf, *_ in self.entries]
+# %% ../nbs/10_offload.ipynb #7ae8f6ff
+@patch
+def tensors(self: Packed) -> list[torch.Tensor]:
+    "The tensors the module holds now."
+    return [getattr(m, leaf) for m, leaf, *_ in self.entries]
 
-    def views(self, buf: torch.Tensor) -> list[torch.Tensor]:
-        "The module's tensors as views into `buf` (a flat byte buffer of at least `nbytes`, on any device)."
-        with torch.inference_mode(False):
-            return [buf[o:o + math.prod(s) * d.itemsize].view(d).view(s) for _, _, _, d, s, o in self.entries]
+# %% ../nbs/10_offload.ipynb #14e2628a
+@patch
+def views(self: Packed, buf: torch.Tensor) -> list[torch.Tensor]:
+    ("The module's tensors as views into `buf` (a flat byte buffer of at least `nbytes`, on any "
+     "device).")
+    with torch.inference_mode(False):
+        return [buf[o:o + math.prod(s) * d.itemsize].view(d).view(s)
+                for _, _, _, d, s, o in self.entries]
 
-    def bind(self, views: list[torch.Tensor]):
-        "Make the module's parameters and buffers `views` (from `views`); the Parameter objects stay the same."
-        for (m, leaf, is_param, *_), v in zip(self.entries, views):
-            if is_param: getattr(m, leaf).data = v
-            else: setattr(m, leaf, v)   # a registered buffer's name: `nn.Module.__setattr__` rebinds the buffer
+# %% ../nbs/10_offload.ipynb #23fbf6b8
+@patch
+def bind(self: Packed, views: list[torch.Tensor]):
+    ("Make the module's parameters and buffers `views` (from `views`); the Parameter objects stay "
+     "the same.")
+    for (m, leaf, is_param, *_), v in zip(self.entries, views):
+        if is_param: getattr(m, leaf).data = v
+        # a registered buffer's name: `nn.Module.__setattr__` rebinds the buffer
+        else: setattr(m, leaf, v)
 
 # %% ../nbs/10_offload.ipynb #0fa36567
 class _Offload:
-    "Parts of a model packed in host memory (pinned for a CUDA `device`), reused from `host` where given."
+    ("Parts of a model packed in host memory (pinned for a CUDA `device`), reused from `host` "
+     "where given.")
     kind = None
     def __init__(self, parts: dict[str, nn.Module], device, host: dict | None = None):
         self.device, self.parts = torch.device(device), parts
         pin = self.device.type == "cuda"
-        host = {k: p for k, p in (host or {}).items() if k in parts and (p.host.is_pinned() or not pin)}
+        host = {k: p for k, p in (host or {}).items()
+                if k in parts and (p.host.is_pinned() or not pin)}
         self.host = {k: host.get(k) or Packed(m, pin) for k, m in parts.items()}
 
     def release(self) -> dict[str, Packed]:
-        "Undo: every packed part bound to its host buffer again, device buffers let go; returns the packed parts."
+        ("Undo: every packed part bound to its host buffer again, device buffers let go; returns "
+         "the packed parts.")
         if self.device.type == "cuda": torch.cuda.synchronize(self.device)
         for p in self.host.values(): p.bind(p.host_views)
         return self.host
 
+# %% ../nbs/10_offload.ipynb #54685530
 class CpuOffload(_Offload):
-    "Every weight in pinned host memory; `load_to_device` copies all to `device` in one go, `offload_to_cpu` drops it."
+    ("Every weight in pinned host memory; `load_to_device` copies all to `device` in one go, "
+     "`offload_to_cpu` drops it.")
     kind = "cpu"
     def __init__(self, parts: dict[str, nn.Module],  # the modules to offload, by name
                  device,                         # the device they compute on
@@ -83,89 +105,71 @@ class CpuOffload(_Offload):
     @property
     def on_device(self) -> bool: return self.buffer is not None or self.device.type == "cpu"
 
-    def load_to_device(self):
-        "Copy every part to the device (asynchronously, on the current stream) and bind the parameters there."
-        if self.on_device: return
-        with torch.inference_mode(False):
-            self.buffer = torch.empty(sum(p.nbytes for p in self.host.values()), dtype=torch.uint8, device=self.device)
-        off = 0
-        for p in self.host.values():
-            dst = self.buffer[off:off + p.nbytes]
-            dst.copy_(p.host, non_blocking=True)
-            p.bind(p.views(dst)); off += p.nbytes
-
-    def offload_to_cpu(self):
-        "Bind the parameters to the host copy again and let the device buffer go (weights are read-only: no copy back)."
-        for p in self.host.values(): p.bind(p.host_views)
-        self.buffer = None
-
     def release(self) -> dict[str, Packed]:
         self.offload_to_cpu()
         return super().release()
 
+# %% ../nbs/10_offload.ipynb #d1ddd74d
+@patch
+def load_to_device(self: CpuOffload):
+    ("Copy every part to the device (asynchronously, on the current stream) and bind the "
+     "parameters there.")
+    if self.on_device: return
+    with torch.inference_mode(False):
+        self.buffer = torch.empty(sum(p.nbytes for p in self.host.values()), dtype=torch.uint8,
+                                  device=self.device)
+    off = 0
+    for p in self.host.values():
+        dst = self.buffer[off:off + p.nbytes]
+        dst.copy_(p.host, non_blocking=True)
+        p.bind(p.views(dst)); off += p.nbytes
+
+# %% ../nbs/10_offload.ipynb #9009cb95
+@patch
+def offload_to_cpu(self: CpuOffload):
+    ("Bind the parameters to the host copy again and let the device buffer go (weights are "
+     "read-only: no copy back).")
+    for p in self.host.values(): p.bind(p.host_views)
+    self.buffer = None
+
 # %% ../nbs/10_offload.ipynb #15bd7937
 class LayerwiseOffload(_Offload):
-    ("The decoder `layers` in pinned host memory, streamed through a ring of `ring` device buffers: layer i+1 is "
-     "copied on a side stream while layer i computes; every other part of the model stays on the device.")
+    ("The decoder `layers` in pinned host memory, streamed through a ring of `ring` device "
+     "buffers: layer i+1 is copied on a side stream while layer i computes; every other part of "
+     "the model stays on the device.")
     kind = "layerwise"
     def __init__(self, layers: nn.ModuleList,  # the decoder layers to stream
                  device,                     # the device they compute on
                  ring: int = 2,              # device buffers: 2 overlap a layer's copy with compute
                  host: dict | None = None,   # `Packed` layers to reuse, by name (from `release`)
                 ):
-        if not 1 <= ring: raise ValueError(f"ring={ring}: at least 1 device buffer (2 overlap a copy with compute)")
+        if not 1 <= ring:
+            raise ValueError(f"ring={ring}: at least 1 device buffer (2 overlap a copy with "
+                             "compute)")
         super().__init__({f"layers.{i}": m for i, m in enumerate(layers)}, device, host)
-        self.packs, k, cuda = list(self.host.values()), min(ring, len(layers)), self.device.type == "cuda"
+        self.packs, k = list(self.host.values()), min(ring, len(layers))
+        cuda = self.device.type == "cuda"
         with torch.inference_mode(False):
-            self.slots = [torch.empty(max(p.nbytes for p in self.packs), dtype=torch.uint8, device=self.device)
-                          for _ in range(k)]
+            self.slots = [torch.empty(max(p.nbytes for p in self.packs), dtype=torch.uint8,
+                                      device=self.device) for _ in range(k)]
         self.stream = torch.cuda.Stream(self.device) if cuda else None
-        # per slot: the layer it holds (or is being filled with), copy finished, last reader finished
+        # per slot: the layer it holds (or is being filled with), copy finished, last reader
+        # finished
         self.holds = [None] * k
         self.copied = [torch.cuda.Event() for _ in range(k)] if cuda else None
         self.freed = [torch.cuda.Event() for _ in range(k)] if cuda else None
         self._views = {}   # (slot, layer) -> the layer's tensors as views into the slot, made once
         self.hooks = [h for i, m in enumerate(layers)
-                      for h in (m.register_forward_pre_hook(self._before(i)), m.register_forward_hook(self._after(i)))]
-
-    def fetch(self, i: int):
-        "Start copying layer `i` into its slot, after the layer that last read the slot finished (no-op if there)."
-        s = i % len(self.slots)
-        if self.holds[s] == i: return
-        src, dst = self.packs[i].host, self.slots[s][:self.packs[i].nbytes]
-        if self.stream is None: dst.copy_(src)   # on the CPU: a plain host-to-host copy, the same code path
-        else:
-            with torch.cuda.stream(self.stream):
-                self.stream.wait_event(self.freed[s])   # the slot's last reader (a never-recorded event: no wait)
-                dst.copy_(src, non_blocking=True)
-                self.copied[s].record(self.stream)
-        self.holds[s] = i
-
-    def _before(self, i: int):
-        def hook(module, args):
-            s, n = i % len(self.slots), len(self.packs)
-            self.fetch(i)
-            if self.stream is not None: torch.cuda.current_stream(self.device).wait_event(self.copied[s])
-            key = (s, i)
-            if key not in self._views: self._views[key] = self.packs[i].views(self.slots[s])
-            self.packs[i].bind(self._views[key])
-            for j in range(i + 1, min(i + len(self.slots), n)): self.fetch(j)   # into slots whose layers are done
-        return hook
-
-    def _after(self, i: int):
-        def hook(module, args, out):
-            if self.stream is not None: self.freed[i % len(self.slots)].record(torch.cuda.current_stream(self.device))
-            self.packs[i].bind(self.packs[i].host_views)   # between passes the layer shows its own weights, on the host
-            if i == len(self.packs) - 1:
-                for j in range(len(self.slots)): self.fetch(j)   # the next pass's first layers, while the caller works
-        return hook
+                      for h in (m.register_forward_pre_hook(self._before(i)),
+                                m.register_forward_hook(self._after(i)))]
 
     def unbind(self):
         "Every layer bound to its host buffer (after a pass that raised half-way)."
         for p in self.packs: p.bind(p.host_views)
 
     def invalidate(self):
-        "Forget what the slots hold (after the host weights changed): the next pass copies every layer."
+        ("Forget what the slots hold (after the host weights changed): the next pass copies every "
+         "layer.")
         if self.stream is not None: self.stream.synchronize()
         self.holds = [None] * len(self.slots)
 
@@ -174,3 +178,49 @@ class LayerwiseOffload(_Offload):
         host = super().release()
         self.slots = []
         return host
+
+# %% ../nbs/10_offload.ipynb #003b97f9
+@patch
+def fetch(self: LayerwiseOffload, i: int):
+    ("Start copying layer `i` into its slot, after the layer that last read the slot finished "
+     "(no-op if there).")
+    s = i % len(self.slots)
+    if self.holds[s] == i: return
+    src, dst = self.packs[i].host, self.slots[s][:self.packs[i].nbytes]
+    # on the CPU: a plain host-to-host copy, the same code path
+    if self.stream is None: dst.copy_(src)
+    else:
+        with torch.cuda.stream(self.stream):
+            # the slot's last reader (a never-recorded event: no wait)
+            self.stream.wait_event(self.freed[s])
+            dst.copy_(src, non_blocking=True)
+            self.copied[s].record(self.stream)
+    self.holds[s] = i
+
+# %% ../nbs/10_offload.ipynb #c2a7ed4a
+@patch
+def _before(self: LayerwiseOffload, i: int):
+    def hook(module, args):
+        s, n = i % len(self.slots), len(self.packs)
+        self.fetch(i)
+        if self.stream is not None:
+            torch.cuda.current_stream(self.device).wait_event(self.copied[s])
+        key = (s, i)
+        if key not in self._views: self._views[key] = self.packs[i].views(self.slots[s])
+        self.packs[i].bind(self._views[key])
+        # into slots whose layers are done
+        for j in range(i + 1, min(i + len(self.slots), n)): self.fetch(j)
+    return hook
+
+# %% ../nbs/10_offload.ipynb #e84bbd1d
+@patch
+def _after(self: LayerwiseOffload, i: int):
+    def hook(module, args, out):
+        if self.stream is not None:
+            self.freed[i % len(self.slots)].record(torch.cuda.current_stream(self.device))
+        # between passes the layer shows its own weights, on the host
+        self.packs[i].bind(self.packs[i].host_views)
+        if i == len(self.packs) - 1:
+            # the next pass's first layers, while the caller works
+            for j in range(len(self.slots)): self.fetch(j)
+    return hook

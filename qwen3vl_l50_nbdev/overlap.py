@@ -12,62 +12,82 @@ from .deepstack import inject
 
 # %% ../nbs/08b_overlap.ipynb #12e92928
 def add_sum(x: torch.Tensor, terms) -> torch.Tensor:
-    ("`x` plus a row-parallel output from the terms of its sum over the group (`dist.PendingSum.wait`); the "
-     "row-parallel layers of the text model have no bias.")
+    ("`x` plus a row-parallel output from the terms of its sum over the group "
+     "(`dist.PendingSum.wait`); the row-parallel layers of the text model have no bias.")
     return x + sum_terms(terms).to(x.dtype)
 
+# %% ../nbs/08b_overlap.ipynb #ed2225d5
 def attn_in(layer, x: torch.Tensor, *mlp_terms: torch.Tensor) -> tuple:
-    "Rows `x` plus the previous layer's MLP output (the terms of its sum, if given), and their q, k, v."
+    ("Rows `x` plus the previous layer's MLP output (the terms of its sum, if given), and their "
+     "q, k, v.")
     if mlp_terms: x = add_sum(x, mlp_terms)
     return (x, *layer.self_attn.qkv_proj(layer.input_layernorm(x)))
 
-def attend(layer, q, k, v, cos: torch.Tensor, sin: torch.Tensor, lens: list[int] | None = None) -> torch.Tensor:
-    "The layer's attention over all the rows' q, k, v (`text.Attention.attend`): the input of `o_proj`."
+# %% ../nbs/08b_overlap.ipynb #18f92b90
+def attend(layer, q, k, v, cos: torch.Tensor, sin: torch.Tensor,
+           lens: list[int] | None = None) -> torch.Tensor:
+    ("The layer's attention over all the rows' q, k, v (`text.Attention.attend`): the input of "
+     "`o_proj`.")
     return layer.self_attn.attend(q, k, v, cos, sin, lens)
 
+# %% ../nbs/08b_overlap.ipynb #78f55e50
 def attn_partial(layer, o: torch.Tensor) -> torch.Tensor:
     "This rank's term of `o_proj` (`tp.RowSum.partial`)."
     return layer.self_attn.o_proj.partial(o)
 
+# %% ../nbs/08b_overlap.ipynb #fe73e3a6
 def mlp_in(layer, x: torch.Tensor, *attn_terms: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    "`h = x +` the attention output (the terms of its sum), and the MLP's hidden activations of `h`."
+    ("`h = x +` the attention output (the terms of its sum), and the MLP's hidden activations of "
+     "`h`.")
     h = add_sum(x, attn_terms)
     return h, layer.mlp.hidden(layer.post_attention_layernorm(h))
 
+# %% ../nbs/08b_overlap.ipynb #4a28e4d7
 def mlp_partial(layer, hidden: torch.Tensor) -> torch.Tensor:
     "This rank's term of `down_proj`."
     return layer.mlp.down_proj.partial(hidden)
 
-STAGES = (attn_in, attend, attn_partial, mlp_in, mlp_partial)   # in order; fast mode compiles each (`fast.compile_`)
+# in order; fast mode compiles each (`fast.compile_`)
+STAGES = (attn_in, attend, attn_partial, mlp_in, mlp_partial)
 
 # %% ../nbs/08b_overlap.ipynb #7797131f
 def _start(row, x: torch.Tensor, slot: int, sums=None):
-    "The sum over the group of `x`, a partial of the row-parallel layer `row`, started through `sums` or its group."
+    ("The sum over the group of `x`, a partial of the row-parallel layer `row`, started through "
+     "`sums` or its group.")
     return (row.group if sums is None else sums).sum_start(x, row.acc, slot)
 
-def overlapped(text, h: torch.Tensor, positions: torch.Tensor, visual_mask=None, deepstack: list | None = None,
-               lens: list[int] | None = None, stages: tuple = STAGES, sums=None) -> torch.Tensor:
-    ("`text(h, ...)`'s result, its layers run on two row halves, each half's sums over the group in flight while the "
-     "other half computes; `stages`: `STAGES` or fast mode's compiled copies; `sums`: fast mode's "
-     "`dist.SymmetricSums` (None: the group's sums).")
-    from qwen3vl_l50_nbdev.fast_layers import Fp32TextModel   # fast mode's: imported with it, not by exact mode
+# %% ../nbs/08b_overlap.ipynb #f64d3498
+def overlapped(text, h: torch.Tensor, positions: torch.Tensor, visual_mask=None,
+               deepstack: list | None = None, lens: list[int] | None = None, stages: tuple = STAGES,
+               sums=None) -> torch.Tensor:
+    ("`text(h, ...)`'s result, its layers run on two row halves, each half's sums over the group "
+     "in flight while the other half computes; `stages`: `STAGES` or fast mode's compiled copies; "
+     "`sums`: fast mode's `dist.SymmetricSums` (None: the group's sums).")
+    # fast mode's: imported with it, not by exact mode
+    from qwen3vl_l50_nbdev.fast_layers import Fp32TextModel
     dtype = h.dtype
-    stream = torch.float32 if isinstance(text, Fp32TextModel) else dtype   # fast mode's fp32: tables and residual
+    # fast mode's fp32: tables and residual
+    stream = torch.float32 if isinstance(text, Fp32TextModel) else dtype
     cos, sin = text.rotary(positions, stream)
     attn_in, attend, attn_partial, mlp_in, mlp_partial = stages
-    xs, mlp = list(h.to(stream).tensor_split(2)), [None, None]   # the halves, each one's pending MLP sum
+    # the halves, each one's pending MLP sum
+    xs, mlp = list(h.to(stream).tensor_split(2)), [None, None]
     for i, layer in enumerate(text.layers):
         qkv = []
         for c in (0, 1):
             xs[c], *t = attn_in(layer, xs[c], *(mlp[c].wait() if mlp[c] else ()))
             qkv.append(t)
-        o = attend(layer, *(torch.cat(t) for t in zip(*qkv)), cos, sin, lens)   # attention over all rows
+        # attention over all rows
+        o = attend(layer, *(torch.cat(t) for t in zip(*qkv)), cos, sin, lens)
         att = [_start(layer.self_attn.o_proj, attn_partial(layer, oc), c, sums)
                for c, oc in enumerate(o.tensor_split(2))]
-        for c in (0, 1):   # four sums a layer, a slot each: every one is waited for before its slot comes round
+        # four sums a layer, a slot each: every one is waited for before its slot comes round
+        for c in (0, 1):
             xs[c], hidden = mlp_in(layer, xs[c], *att[c].wait())
             mlp[c] = _start(layer.mlp.down_proj, mlp_partial(layer, hidden), 2 + c, sums)
-        if deepstack is not None and i < len(deepstack):   # DeepStack adds to whole rows: finish this layer first
-            h = inject(torch.cat([add_sum(x, m.wait()) for x, m in zip(xs, mlp)]), visual_mask, deepstack[i])
+        # DeepStack adds to whole rows: finish this layer first
+        if deepstack is not None and i < len(deepstack):
+            whole = torch.cat([add_sum(x, m.wait()) for x, m in zip(xs, mlp)])
+            h = inject(whole, visual_mask, deepstack[i])
             xs, mlp = list(h.tensor_split(2)), [None, None]
     return torch.cat([add_sum(x, m.wait()) for x, m in zip(xs, mlp)]).to(dtype)
