@@ -22,7 +22,8 @@ _FLOOR_READ = """
 import os, time, json, sys, threading, concurrent.futures as cf
 threads, files, chunk, local = int(sys.argv[1]), sys.argv[2:], 16 << 20, threading.local()
 jobs = [(f, o) for f in files for o in range(0, os.path.getsize(f), chunk)]
-def read(job):   # into a buffer of the thread's own, reused: what the page cache gives, no allocation
+# into a buffer of the thread's own, reused: what the page cache gives, no allocation
+def read(job):
     if not hasattr(local, "buf"): local.buf = memoryview(bytearray(chunk))
     f, o = job; fd = os.open(f, os.O_RDONLY)
     try: return os.preadv(fd, [local.buf], o)
@@ -31,24 +32,33 @@ t = time.perf_counter()
 with cf.ThreadPoolExecutor(threads) as ex: n = sum(ex.map(read, jobs))
 print(json.dumps(dict(seconds=time.perf_counter() - t, bytes=n)))
 """
+
+# %% ../../nbs/analysis/08a_load_bench.ipynb #a3cef32f
 _FLOOR_H2D = """
 import torch, json
 n = 4 << 30
-src, dst = torch.empty(n, dtype=torch.uint8, pin_memory=True), torch.empty(n, dtype=torch.uint8, device="cuda")
+src = torch.empty(n, dtype=torch.uint8, pin_memory=True)
+dst = torch.empty(n, dtype=torch.uint8, device="cuda")
 dst.copy_(src, non_blocking=True); torch.cuda.synchronize()
 a, z = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
 a.record(); [dst.copy_(src, non_blocking=True) for _ in range(3)]; z.record(); z.synchronize()
 print(json.dumps(dict(seconds=a.elapsed_time(z) / 3e3, bytes=n)))
 """
+
+# %% ../../nbs/analysis/08a_load_bench.ipynb #b7bdebb9
 _OURS = """
 import torch, time, json, sys
 from qwen3vl_l50_nbdev.encoder import Encoder
 torch.cuda.init(); torch.empty(1, device="cuda")
-t = time.perf_counter(); enc = Encoder.from_pretrained(sys.argv[1], int(sys.argv[2]), progress=False)
+t = time.perf_counter()
+enc = Encoder.from_pretrained(sys.argv[1], int(sys.argv[2]), progress=False)
 torch.cuda.synchronize(); s = time.perf_counter() - t
-sums = [float(p.double().sum()) for p in enc.parameters()]   # after the clock: the old and the new load agree
+# after the clock: the old and the new load agree
+sums = [float(p.double().sum()) for p in enc.parameters()]
 print(json.dumps(dict(seconds=s, bytes=enc.load_stats["bytes_read"], sums=sums)))
 """
+
+# %% ../../nbs/analysis/08a_load_bench.ipynb #83f73b58
 _OURS_LOAD = """
 import torch, time, json, sys
 from qwen3vl_l50_nbdev.config import EncoderConfig
@@ -57,21 +67,29 @@ from qwen3vl_l50_nbdev.encoder import Encoder
 import qwen3vl_l50_nbdev.loading as loading
 tp, loading.WHOLE_ROWS, loading.READERS = int(sys.argv[3]), sys.argv[4] == "whole", int(sys.argv[5])
 torch.empty(1, device="cuda")
-enc = Encoder(EncoderConfig.from_hf(sys.argv[1], int(sys.argv[2])), Group(None, tuple(range(tp)), 0), device="cuda")
+enc = Encoder(EncoderConfig.from_hf(sys.argv[1], int(sys.argv[2])),
+              Group(None, tuple(range(tp)), 0), device="cuda")
 torch.cuda.synchronize(); t = time.perf_counter()
 stats = loading.load_checkpoint(enc, sys.argv[1], progress=False)
 torch.cuda.synchronize(); s = time.perf_counter() - t
-sums = [float(p.double().sum()) for p in enc.parameters()]   # bytes: what lands; read: what left the files
-print(json.dumps(dict(seconds=s, bytes=sum(p.nbytes for p in enc.parameters()), read=stats["bytes_read"], sums=sums)))
+# bytes: what lands; read: what left the files
+sums = [float(p.double().sum()) for p in enc.parameters()]
+print(json.dumps(dict(seconds=s, bytes=sum(p.nbytes for p in enc.parameters()),
+                      read=stats["bytes_read"], sums=sums)))
 """
+
+# %% ../../nbs/analysis/08a_load_bench.ipynb #0fe3defc
 _HF = """
 import torch, time, json, sys
 from transformers import Qwen3VLModel
 torch.empty(1, device="cuda")
-t = time.perf_counter(); m = Qwen3VLModel.from_pretrained(sys.argv[1], dtype=torch.bfloat16, device_map="cuda")
+t = time.perf_counter()
+m = Qwen3VLModel.from_pretrained(sys.argv[1], dtype=torch.bfloat16, device_map="cuda")
 torch.cuda.synchronize(); s = time.perf_counter() - t
 print(json.dumps(dict(seconds=s, bytes=sum(p.nbytes for p in m.parameters()))))
 """
+
+# %% ../../nbs/analysis/08a_load_bench.ipynb #fc78e8cc
 _CHECK = """
 import json, sys, tempfile, torch
 from pathlib import Path
@@ -80,14 +98,18 @@ from qwen3vl_l50_nbdev.config import EncoderConfig, tiny
 from qwen3vl_l50_nbdev.encoder import Encoder
 from qwen3vl_l50_nbdev.fp8_blocks import block_tiny, quantize_checkpoint
 from qwen3vl_l50_nbdev.loading import load_checkpoint, unshard
-from qwen3vl_l50_nbdev.testing import make_tiny_checkpoint, fake_group, broken_checkpoint, rewrite_tensors
+from qwen3vl_l50_nbdev.tiny import make_tiny_checkpoint
+from qwen3vl_l50_nbdev.testing import fake_group, broken_checkpoint, rewrite_tensors
 d, done = Path(tempfile.mkdtemp()), []
-same = lambda a, b: all(torch.equal(x.cpu(), y.cpu()) for x, y in zip(a.state_dict().values(), b.state_dict().values()))
+same = lambda a, b: all(torch.equal(x.cpu(), y.cpu())
+                        for x, y in zip(a.state_dict().values(), b.state_dict().values()))
 ck = make_tiny_checkpoint(d / "bf16", tiny(3), max_shard_size="40KB")
 cpu = Encoder.from_pretrained(ck, 3, device="cpu", progress=False)
-assert same(Encoder.from_pretrained(ck, 3, device="cuda", progress=False), cpu); done.append("tp1 cuda = cpu")
+assert same(Encoder.from_pretrained(ck, 3, device="cuda", progress=False), cpu)
+done.append("tp1 cuda = cpu")
 for r in (0, 1):
-    a, b = (Encoder(EncoderConfig.from_hf(ck, 3), fake_group(r, 2), device=dv) for dv in ("cuda", "cpu"))
+    a, b = (Encoder(EncoderConfig.from_hf(ck, 3), fake_group(r, 2), device=dv)
+            for dv in ("cuda", "cpu"))
     load_checkpoint(a, ck, False); load_checkpoint(b, ck, False); assert same(a, b)
 done.append("tp2 ranks cuda = cpu")
 for off in ("cpu", "layerwise"):
@@ -95,64 +117,79 @@ for off in ("cpu", "layerwise"):
     assert same(e, cpu), off
     assert all(p.is_pinned() for p in e.text.layers.parameters()), off
     done.append(f"offload={off}: = cpu, layers pinned")
-e = Encoder.from_pretrained(ck, 3, device="cuda", quant="fp8", progress=False); e.encode(torch.arange(8))
+e = Encoder.from_pretrained(ck, 3, device="cuda", quant="fp8", progress=False)
+e.encode(torch.arange(8))
 done.append("online fp8 loads and encodes")
 ck8 = quantize_checkpoint(make_tiny_checkpoint(d / "b16", block_tiny(3)), d / "fp8")
 e8 = Encoder.from_pretrained(ck8, 3, device="cuda", progress=False)
 full = {k: v for f in ck8.glob("*.safetensors") for k, v in load_file(f).items()}
 back = unshard([e8.cpu()])
-assert all(torch.equal(v.view(torch.uint8), full[k].view(torch.uint8)) for k, v in back.items() if "weight_scale" in k
-           or v.dtype == torch.float8_e4m3fn); done.append("block fp8 weights and scales = the checkpoint's")
+assert all(torch.equal(v.view(torch.uint8), full[k].view(torch.uint8)) for k, v in back.items()
+           if "weight_scale" in k or v.dtype == torch.float8_e4m3fn)
+done.append("block fp8 weights and scales = the checkpoint's")
 single = make_tiny_checkpoint(d / "one", tiny(3))
 k = "model.language_model.layers.1.self_attn.q_proj.weight"
 def poison(sd): sd[k] = sd[k].clone(); sd[k].view(-1)[3] = float("nan")
-try: Encoder.from_pretrained(broken_checkpoint(single, d / "nan", rewrite_tensors(poison)), 3, device="cuda",
-                             progress=False); raise AssertionError("a NaN loaded")
-except ValueError as err: assert f"{k} in model.safetensors holds 1 NaN or Inf value(s)" in str(err), err
+try:
+    Encoder.from_pretrained(broken_checkpoint(single, d / "nan", rewrite_tensors(poison)), 3,
+                            device="cuda", progress=False)
+    raise AssertionError("a NaN loaded")
+except ValueError as err:
+    assert f"{k} in model.safetensors holds 1 NaN or Inf value(s)" in str(err), err
 done.append("a NaN named, on the device")
 print(json.dumps(dict(seconds=0.0, bytes=0, checks=done)))
 """
 
 # %% ../../nbs/analysis/08a_load_bench.ipynb #b8a1000c
 def run_case(program: str, args: list, path: str | None = None) -> dict:
-    "`program` (one of the cases) in a fresh `python -c` process, `path` first on PYTHONPATH: its JSON line."
-    env = os.environ | ({"PYTHONPATH": os.pathsep.join(filter(None, [path, os.environ.get("PYTHONPATH")]))}
-                        if path else {})
-    out = subprocess.run([sys.executable, "-c", program, *map(str, args)], env=env, capture_output=True, text=True,
-                         cwd=tempfile.gettempdir())   # not where a package could shadow `path`'s
-    if out.returncode: raise RuntimeError(f"case failed ({out.returncode}):\n{out.stderr[-3000:]}")
+    ("`program` (one of the cases) in a fresh `python -c` process, `path` first on PYTHONPATH: its "
+     "JSON line.")
+    paths = os.pathsep.join(filter(None, [path, os.environ.get("PYTHONPATH")]))
+    env = os.environ | ({"PYTHONPATH": paths} if path else {})
+    # run from the temporary folder: not where a package could shadow `path`'s
+    out = subprocess.run([sys.executable, "-c", program, *map(str, args)], env=env,
+                         capture_output=True, text=True, cwd=tempfile.gettempdir())
+    if out.returncode:
+        raise RuntimeError(f"case failed ({out.returncode}):\n{out.stderr[-3000:]}")
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 # %% ../../nbs/analysis/08a_load_bench.ipynb #88ad140e
 def read_gbps(files, threads: int = 8) -> float:
-    "GB/s reading every byte of `files` with `threads` threads in a fresh process (the page cache's read floor)."
+    ("GB/s reading every byte of `files` with `threads` threads in a fresh process (the page "
+     "cache's read floor).")
     r = run_case(_FLOOR_READ, [threads, *files])
     return r["bytes"] / r["seconds"] / 1e9
 
 # %% ../../nbs/analysis/08a_load_bench.ipynb #b8a1000e
 def bench_load(ckpt, layers: int, old: str | None = None, here: str | None = None) -> list[dict]:
-    ("Every case on checkpoint `ckpt` (`layers` kept), page cache warm: the floors, ours (the package at `here`, "
-     "default: this one), the package at `old`, TP-2 rank 0, transformers; a row each with GB/s.")
+    ("Every case on checkpoint `ckpt` (`layers` kept), page cache warm: the floors, ours (the "
+     "package at `here`, default: this one), the package at `old`, TP-2 rank 0, transformers; a "
+     "row each with GB/s.")
     from qwen3vl_l50_nbdev.loading import SLOTS, SLOT_BYTES, READERS
     files = sorted(str(f) for f in Path(ckpt).glob("*.safetensors"))
     run_case(_FLOOR_READ, [8, *files])   # the page cache warm
     here = here or str(Path(__file__).resolve().parents[2])
     cases = [("old", "Encoder.from_pretrained of the package at --old", _OURS, [ckpt, layers], old),
-             ("floor: read", "the shards read to nowhere, 8 threads", _FLOOR_READ, [8, *files], None),
+             ("floor: read", "the shards read to nowhere, 8 threads", _FLOOR_READ, [8, *files],
+              None),
              ("floor: read, 16 threads", "the same, 16 threads", _FLOOR_READ, [16, *files], None),
              ("floor: host-to-device", "a pinned 4 GiB copy", _FLOOR_H2D, [], None),
-             ("ours", f"Encoder.from_pretrained; {READERS} readers, ring {SLOTS} x {SLOT_BYTES >> 20} MiB pinned",
-              _OURS, [ckpt, layers], here),
-             ("ours: load_checkpoint", f"load_checkpoint alone, into a built encoder; {READERS} readers", _OURS_LOAD,
-              [ckpt, layers, 1, "whole", READERS], here),
+             ("ours", f"Encoder.from_pretrained; {READERS} readers, ring {SLOTS} x "
+              f"{SLOT_BYTES >> 20} MiB pinned", _OURS, [ckpt, layers], here),
+             ("ours: load_checkpoint",
+              f"load_checkpoint alone, into a built encoder; {READERS} readers",
+              _OURS_LOAD, [ckpt, layers, 1, "whole", READERS], here),
              ("ours: load_checkpoint, 16 readers", "the same, 16 readers", _OURS_LOAD,
               [ckpt, layers, 1, "whole", 16], here),
-             ("ours, TP 2 rank 0", "load_checkpoint of rank 0's slices: a run per row of a column slice",
+             ("ours, TP 2 rank 0",
+              "load_checkpoint of rank 0's slices: a run per row of a column slice",
               _OURS_LOAD, [ckpt, layers, 2, "runs", READERS], here),
-             ("ours, TP 2 rank 0, whole rows", "the same, whole rows read and the columns cut on the device",
+             ("ours, TP 2 rank 0, whole rows",
+              "the same, whole rows read and the columns cut on the device",
               _OURS_LOAD, [ckpt, layers, 2, "whole", READERS], here),
              ("transformers", 'Qwen3VLModel.from_pretrained(device_map="cuda")', _HF, [ckpt], None),
-             ("ours, again", "the same as ours: the spread between two runs", _OURS, [ckpt, layers], here)]
+             ("ours, again", "the same as ours: the spread between two runs", _OURS, [ckpt, layers],
+              here)]
     rows, sums = [], {}
     try: checks = "; ".join(run_case(_CHECK, [], here)["checks"])
     except RuntimeError as e: checks = f"FAILED: {str(e)[-600:]}"
@@ -160,41 +197,49 @@ def bench_load(ckpt, layers: int, old: str | None = None, here: str | None = Non
     for case, what, program, args, path in cases:
         if case == "old" and old is None: continue
         try: r = run_case(program, args, path)
-        except RuntimeError as e: print(f"{case}: {e}", flush=True); continue   # the other cases still run
+        # the other cases still run
+        except RuntimeError as e: print(f"{case}: {e}", flush=True); continue
         if "sums" in r: sums[case] = r.pop("sums")
-        rows.append(dict(case=case, what=what, layers=layers, gb=r["bytes"] / 1e9, seconds=r["seconds"],
-                         gbps=r["bytes"] / r["seconds"] / 1e9, read_gb=r.get("read", r["bytes"]) / 1e9,
-                         ring_mib=SLOTS * SLOT_BYTES >> 20,
-                         same_as_old=sums["ours"] == sums["old"] if case == "ours" and "old" in sums else None,
-                         same_as_ours=sums.get(case) == sums.get("ours") if "load_checkpoint" in case else None,
-                         same_as_runs=sums.get(case) == sums.get("ours, TP 2 rank 0") if "whole" in case else None,
+        rows.append(dict(case=case, what=what, layers=layers, gb=r["bytes"] / 1e9,
+                         seconds=r["seconds"], gbps=r["bytes"] / r["seconds"] / 1e9,
+                         read_gb=r.get("read", r["bytes"]) / 1e9, ring_mib=SLOTS * SLOT_BYTES >> 20,
+                         same_as_old=(sums["ours"] == sums["old"]
+                                      if case == "ours" and "old" in sums else None),
+                         same_as_ours=(sums.get(case) == sums.get("ours")
+                                       if "load_checkpoint" in case else None),
+                         same_as_runs=(sums.get(case) == sums.get("ours, TP 2 rank 0")
+                                       if "whole" in case else None),
                          checks=checks if case == "ours" else None))
-        print(f"{case:24} {rows[-1]['gbps']:6.1f} GB/s  {r['seconds']:6.2f} s  {r['bytes'] / 1e9:6.2f} GB", flush=True)
+        print(f"{case:24} {rows[-1]['gbps']:6.1f} GB/s  {r['seconds']:6.2f} s  "
+              f"{r['bytes'] / 1e9:6.2f} GB", flush=True)
     return rows
 
 # %% ../../nbs/analysis/08a_load_bench.ipynb #b8a1000f
 def command(argv=None) -> int:
-    "`python -m qwen3vl_l50_nbdev.analysis load --dir DIR --layers N [--old PATH] --out CSV` (on CUDA)."
+    ("`python -m qwen3vl_l50_nbdev.analysis load --dir DIR --layers N [--old PATH] --out CSV` (on "
+     "CUDA).")
     ap = argparse.ArgumentParser(prog="python -m qwen3vl_l50_nbdev.analysis load",
-                                 description="from_pretrained's GB/s against the page cache and host-to-device floors")
-    ap.add_argument("--dir", required=True, help="where the checkpoint is (written there first unless it has one)")
+                                 description="from_pretrained's GB/s against the page cache and "
+                                             "host-to-device floors")
+    ap.add_argument("--dir", required=True,
+                    help="where the checkpoint is (written there first unless it has one)")
     ap.add_argument("--layers", type=int, default=10, help="decoder layers written and loaded")
-    ap.add_argument("--old", default=None, help="a folder holding another copy of the package, to compare")
+    ap.add_argument("--old", default=None,
+                    help="a folder holding another copy of the package, to compare")
     ap.add_argument("--out", required=True, help="the CSV to write")
     ap.add_argument("--commit", default=None, help="git commit to record (default: git rev-parse)")
     a = ap.parse_args(argv)
     import torch
-    if not torch.cuda.is_available(): raise SystemExit("the benchmark needs a CUDA GPU: it times host-to-device copies")
+    if not torch.cuda.is_available():
+        raise SystemExit("the benchmark needs a CUDA GPU: it times host-to-device copies")
     if not (Path(a.dir) / "config.json").exists():
         t = time.perf_counter()
-        run_case("import sys; from qwen3vl_l50_nbdev.validate import write_32b_checkpoint; "
-                 "write_32b_checkpoint(sys.argv[1], int(sys.argv[2])); print('{}')", [a.dir, a.layers])
+        run_case("import sys; "
+                 "from qwen3vl_l50_nbdev.analysis.validate_bench import write_32b_checkpoint; "
+                 "write_32b_checkpoint(sys.argv[1], int(sys.argv[2])); print('{}')",
+                 [a.dir, a.layers])
         print(f"checkpoint written in {time.perf_counter() - t:.0f} s", flush=True)
     rows = bench_load(a.dir, a.layers, a.old)
     cmd = f"python -m qwen3vl_l50_nbdev.analysis load {' '.join(sys.argv[1:])}"
     write_csv(pd.DataFrame(rows), a.out, provenance("cuda", a.commit, cmd))
     return 0
-
-# %% ../../nbs/analysis/08a_load_bench.ipynb #b8a10010
-#| eval: false#| export
-#| eval: false

@@ -26,15 +26,20 @@ def h2d_gbps(nbytes: int = 2 ** 31, iters: int = 5, device=None) -> float:
     return nbytes / cuda_ms(lambda: dst.copy_(src, non_blocking=True), iters, 1) / 1e6
 
 # %% ../../nbs/analysis/06_offload_bench.ipynb #0d50d97f
-def bench_offload(layers: int = 50, tokens: int = 2048, rings=(2, 3), iters: int = 3, seed: int = 0) -> list[dict]:
-    ("On this rank's GPU: the 32B-dimension encoder cut at `layers`, random weights, a `tokens`-token text prompt: "
-     "resident, offload='cpu' and 'layerwise' (each of `rings`), time, memory and bits.")
+def bench_offload(layers: int = 50, tokens: int = 2048, rings=(2, 3), iters: int = 3,
+                  seed: int = 0) -> list[dict]:
+    ("On this rank's GPU: the 32B-dimension encoder cut at `layers`, random weights, a "
+     "`tokens`-token text prompt: resident, offload='cpu' and 'layerwise' (each of `rings`), time, "
+     "memory and bits.")
     dev, gib = torch.device("cuda", torch.cuda.current_device()), 2 ** -30
     group = encoder_group()
-    enc = random_weights_(Encoder(qwen3vl_32b(layers), group, device=dev), seed)   # on the GPU: seconds, not minutes
-    ids = torch.randint(0, enc.cfg.text_id_limit, (tokens,), generator=torch.Generator().manual_seed(seed))
+    # on the GPU: seconds, not minutes
+    enc = random_weights_(Encoder(qwen3vl_32b(layers), group, device=dev), seed)
+    ids = torch.randint(0, enc.cfg.text_id_limit, (tokens,),
+                        generator=torch.Generator().manual_seed(seed))
     run, mem = lambda: enc.encode(ids), lambda: torch.cuda.memory_allocated(dev) * gib
-    group.barrier()   # at TP > 1 the ranks measure the bandwidth together, as they will stream together
+    # at TP > 1 the ranks measure the bandwidth together, as they will stream together
+    group.barrier()
     bw = h2d_gbps(device=dev)
     ref = run()   # captures the decoder's graph
     t_res = wall_ms(run, True, iters)[1] / 1e3
@@ -42,48 +47,58 @@ def bench_offload(layers: int = 50, tokens: int = 2048, rings=(2, 3), iters: int
     t_pack = wall_ms(lambda: enc.set_offload("cpu"), True)[1] / 1e3
     host = enc.offloader.host
     all_bytes = sum(p.nbytes for p in host.values())
-    layer_bytes = sum(p.nbytes for k, p in host.items() if k.startswith("layers."))   # what layerwise streams
+    layer_bytes = sum(p.nbytes for k, p in host.items() if k.startswith("layers."))   # streamed
     loads = []
     for _ in range(iters):
         enc.offload_to_cpu(); loads.append(wall_ms(enc.load_to_device, True)[1] / 1e3)
     t_load = sorted(loads)[len(loads) // 2]
     out, t_on = wall_ms(run, True, iters); t_on /= 1e3
-    rows += [dict(variant="cpu: pack into pinned memory", seconds=t_pack, gbps=all_bytes / t_pack / 1e9),
+    rows += [dict(variant="cpu: pack into pinned memory", seconds=t_pack,
+                  gbps=all_bytes / t_pack / 1e9),
              dict(variant="cpu: load_to_device", seconds=t_load, gbps=all_bytes / t_load / 1e9,
                   moved_gb=all_bytes / 1e9),
              dict(variant="cpu: encode, loaded", seconds=t_on, bitwise=torch.equal(out, ref))]
     enc.offload_to_cpu(); torch.cuda.empty_cache()
     idle = mem()
     out, t_lend = wall_ms(run, True); t_lend /= 1e3
-    rows.append(dict(variant="cpu: encode, offloaded", seconds=t_lend, weights_gib=idle, bitwise=torch.equal(out, ref)))
+    rows.append(dict(variant="cpu: encode, offloaded", seconds=t_lend, weights_gib=idle,
+                     bitwise=torch.equal(out, ref)))
     for ring in rings:
         enc.set_offload("layerwise", ring)
         torch.cuda.reset_peak_memory_stats(dev)
         idle = mem()
         out = run()   # the first pass: the ring's views are made
-        cold = lambda: (enc.offloader.invalidate(), run())[1]   # every layer copied: the next-call prefetch not counted
+        # every layer copied: the next-call prefetch not counted
+        cold = lambda: (enc.offloader.invalidate(), run())[1]
         out2, t_lw = wall_ms(cold, True, iters); t_lw /= 1e3
         rows.append(dict(variant="layerwise", ring=ring, seconds=t_lw, weights_gib=idle,
-                         peak_gib=torch.cuda.max_memory_allocated(dev) * gib, moved_gb=layer_bytes / 1e9,
+                         peak_gib=torch.cuda.max_memory_allocated(dev) * gib,
+                         moved_gb=layer_bytes / 1e9,
                          reserved_gib=torch.cuda.max_memory_reserved(dev) * gib,
                          bound_s=max(t_res, layer_bytes / (bw * 1e9)),
                          bitwise=torch.equal(out, ref) and torch.equal(out2, ref)))
-    return [dict(tp=group.size, rank=group.rank, layers=layers, tokens=tokens, h2d_gbps=bw) | r for r in rows]
+    return [dict(tp=group.size, rank=group.rank, layers=layers, tokens=tokens, h2d_gbps=bw) | r
+            for r in rows]
 
 # %% ../../nbs/analysis/06_offload_bench.ipynb #090e95ac
 def command(argv=None) -> int:
     ("`[torchrun --nproc_per_node N] python -m qwen3vl_l50_nbdev.analysis offload --out CSV`: "
      "every rank measures its shard; rank 0 writes all ranks' rows.")
     ap = argparse.ArgumentParser(prog="python -m qwen3vl_l50_nbdev.analysis offload",
-                                 description="Offload benchmark on CUDA: resident vs offload='cpu' vs 'layerwise'")
+                                 description="Offload benchmark on CUDA: resident vs offload='cpu' "
+                                             "vs 'layerwise'")
     ap.add_argument("--layers", type=int, default=50, help="decoder layers kept (selected_layer)")
     ap.add_argument("--tokens", type=int, default=2048, help="prompt length (text tokens)")
-    ap.add_argument("--rings", default="2,3", help="layerwise ring sizes to measure, comma-separated")
-    ap.add_argument("--iters", type=int, default=3, help="timed calls per measurement (the median is kept)")
+    ap.add_argument("--rings", default="2,3",
+                    help="layerwise ring sizes to measure, comma-separated")
+    ap.add_argument("--iters", type=int, default=3,
+                    help="timed calls per measurement (the median is kept)")
     ap.add_argument("--out", required=True, help="the CSV to write")
-    ap.add_argument("--commit", default=None, help="commit to record (default: the package's own, git_commit)")
+    ap.add_argument("--commit", default=None,
+                    help="commit to record (default: the package's own, git_commit)")
     a = ap.parse_args(argv)
-    if not torch.cuda.is_available(): raise SystemExit("the benchmark needs a CUDA GPU: it times host-to-device copies")
+    if not torch.cuda.is_available():
+        raise SystemExit("the benchmark needs a CUDA GPU: it times host-to-device copies")
     dev = init_world("cuda")
     try:
         rows = bench_offload(a.layers, a.tokens, tuple(int(r) for r in a.rings.split(",")), a.iters)

@@ -33,47 +33,55 @@ from .cases import text_case, hf_model, copy_rotary_
 # %% ../../nbs/analysis/05a_tp_bench.ipynb #482ef509
 class Variant(NamedTuple):
     "One accuracy choice: whose encoder, TP size, reduction, weights and mode."
-    impl: str     # "ours", or "hf": transformers' eager model, at tp 2 split by torch.distributed.tensor.parallel
+    impl: str     # "ours", or "hf": transformers' eager model, at tp 2 split by PyTorch's TP
     tp: int
     reduce: str   # "none" at tp 1; HF's DTensor all-reduce is in the activations' dtype: "bf16"
     quant: str    # "none" or "fp8-<weight scales>-<activation scales>" (as analysis.weights.QUANTS)
     mode: str     # ours: "exact" | "fast" | a `COMM_MODES` variant of fast at TP 2; HF: "eager"
 
 # %% ../../nbs/analysis/05a_tp_bench.ipynb #26fbcbdd
-FP8_QUANTS = tuple(f"fp8-{g}-token" for g in GRANULARITIES)   # every weight granularity, activations per token
-BASE = Variant("ours", 1, "none", "none", "exact")             # HF's bits: errors and times are multiples of its
-COMM_MODES = ("fast-nccl",)   # fast mode with every sum through NCCL: what the one-kernel small sums gain
-COMM_CONFIGS = {"fast-nccl": FastConfig(one_shot_bytes=0, exchange_bytes=0)}   # their fast-mode configs
+# every weight granularity, activations per token
+FP8_QUANTS = tuple(f"fp8-{g}-token" for g in GRANULARITIES)
+# HF's bits: errors and times are multiples of its
+BASE = Variant("ours", 1, "none", "none", "exact")
+# fast mode with every sum through NCCL: what the one-kernel small sums gain
+COMM_MODES = ("fast-nccl",)
+# their fast-mode configs
+COMM_CONFIGS = {"fast-nccl": FastConfig(one_shot_bytes=0, exchange_bytes=0)}
 
 # %% ../../nbs/analysis/05a_tp_bench.ipynb #33b815cb
 def grid(tokens=(128, 512, 2048), fp8_tokens=(2048,), tps=(1, 2), fp8_reduce: str = "fp32",
          fast_tokens=()) -> list[tuple]:
-    ("Every (variant, tokens) to measure: bf16 weights at each reduce and mode (fast mode also at `fast_tokens`, and "
-     "at TP 2 its `COMM_MODES`), FP8 at `fp8_reduce`, HF at each TP size.")
+    ("Every (variant, tokens) to measure: bf16 weights at each reduce and mode (fast mode also at "
+     "`fast_tokens`, and at TP 2 its `COMM_MODES`), FP8 at `fp8_reduce`, HF at each TP size.")
     out, both = [], (*tokens, *fast_tokens)
     for tp in tps:
-        out += [(Variant("hf", tp, "none" if tp == 1 else "bf16", "none", "eager"), n) for n in tokens]
+        out += [(Variant("hf", tp, "none" if tp == 1 else "bf16", "none", "eager"), n)
+                for n in tokens]
         for r in ("none",) if tp == 1 else REDUCE_MODES:
-            out += [(Variant("ours", tp, r, "none", m), n) for m in MODES for n in (both if m == "fast" else tokens)]
-        if tp > 1: out += [(Variant("ours", tp, r, "none", m), n) for r in ("fp32", "bf16") for m in COMM_MODES
-                           for n in both]
+            out += [(Variant("ours", tp, r, "none", m), n)
+                    for m in MODES for n in (both if m == "fast" else tokens)]
+        if tp > 1: out += [(Variant("ours", tp, r, "none", m), n)
+                           for r in ("fp32", "bf16") for m in COMM_MODES for n in both]
         out += [(Variant("ours", tp, "none" if tp == 1 else fp8_reduce, q, m), n)
                 for q in FP8_QUANTS for m in MODES for n in fp8_tokens]
     return out
 
 # %% ../../nbs/analysis/05a_tp_bench.ipynb #6ccf6143
 def rows_of(df: pd.DataFrame, v: Variant) -> pd.Series:
-    "Which rows of a results table `df` measure variant `v` (a boolean mask; a field None matches any value)."
+    ("Which rows of a results table `df` measure variant `v` (a boolean mask; a field None matches "
+     "any value).")
     want = {k: x for k, x in v._asdict().items() if x is not None}
     return (df[list(want)] == pd.Series(want)).all(axis=1)
 
 # %% ../../nbs/analysis/05a_tp_bench.ipynb #a12d5cd7
 def build_ours(cfg: EncoderConfig, v: Variant, group: Group, device, seed: int = 0) -> Encoder:
-    ("Our encoder for `v` with `random_weights_(seed)`, made as `Encoder.from_pretrained` makes it: FP8 after the "
-     "weights, then fast mode (`COMM_MODES`: their `COMM_CONFIGS`).")
+    ("Our encoder for `v` with `random_weights_(seed)`, made as `Encoder.from_pretrained` makes "
+     "it: FP8 after the weights, then fast mode (`COMM_MODES`: their `COMM_CONFIGS`).")
     mode = v.mode.split("-")[0]   # a COMM_MODES variant is fast mode with a config of its own
-    enc = random_weights_(Encoder(cfg, group, "fp32" if v.reduce == "none" else v.reduce, torch.bfloat16, device),
-                          seed)
+    enc = random_weights_(
+        Encoder(cfg, group, "fp32" if v.reduce == "none" else v.reduce, torch.bfloat16, device),
+        seed)
     if v.quant != "none": quantize_model_(enc.text, *v.quant.split("-")[1:])
     return apply_fast(enc, COMM_CONFIGS.get(v.mode, FastConfig()) if mode == "fast" else None)
 
@@ -85,8 +93,10 @@ def weight_gib(model: nn.Module) -> float:
 
 # %% ../../nbs/analysis/05a_tp_bench.ipynb #a609c34b
 def hf_tensors(enc: Encoder):
-    "(HF name, tensor) for every checkpoint tensor of a TP-1 `enc`: views of its parameters, fused ones split apart."
-    if enc.group.size != 1: raise ValueError(f"hf_tensors reads a TP-1 encoder, this one is TP {enc.group.size}")
+    ("(HF name, tensor) for every checkpoint tensor of a TP-1 `enc`: views of its parameters, "
+     "fused ones split apart.")
+    if enc.group.size != 1:
+        raise ValueError(f"hf_tensors reads a TP-1 encoder, this one is TP {enc.group.size}")
     modules = dict(enc.named_modules())
     for name, (param, split, _) in checkpoint_tensors(enc).items():
         owner, _, leaf = param.rpartition(".")
@@ -95,30 +105,34 @@ def hf_tensors(enc: Encoder):
 
 # %% ../../nbs/analysis/05a_tp_bench.ipynb #4fcbfc5d
 def hf_copy(enc: Encoder) -> nn.Module:
-    ("transformers' `Qwen3VLModel` cut at N (final norm Identity) with the weights of our TP-1 `enc`, copied, "
-     "and its rotary tables.")
-    hf = hf_model(enc.cfg, "meta", enc.dtype).to_empty(device=enc.device)   # no init: every tensor is copied below
+    ("transformers' `Qwen3VLModel` cut at N (final norm Identity) with the weights of our TP-1 "
+     "`enc`, copied, and its rotary tables.")
+    # no init: every tensor is copied below
+    hf = hf_model(enc.cfg, "meta", enc.dtype).to_empty(device=enc.device)
     src = dict(hf_tensors(enc))
     with torch.no_grad():
         for n, p in hf.named_parameters(): p.copy_(src.pop(checkpoint_name(n)))
     copy_rotary_(hf, enc)
-    if src: raise ValueError(f"{len(src)} tensors of ours have no place in HF's model: {list(src)[:3]}")
+    if src:
+        raise ValueError(f"{len(src)} tensors of ours have no place in HF's model: {list(src)[:3]}")
     return hf
 
 # %% ../../nbs/analysis/05a_tp_bench.ipynb #51a77619
 def dtensor_plan() -> dict:
-    ("PyTorch's TP plan for HF's text model, read off `text.TP_PLAN`: vocab -> RowwiseParallel of replicated ids, "
-     "column -> ColwiseParallel, row -> RowwiseParallel, for each HF source module.")
+    ("PyTorch's TP plan for HF's text model, read off `text.TP_PLAN`: vocab -> RowwiseParallel of "
+     "replicated ids, column -> ColwiseParallel, row -> RowwiseParallel, for each HF source "
+     "module.")
     from torch.distributed.tensor import Replicate
     from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
-    styles = {"vocab": lambda: RowwiseParallel(input_layouts=Replicate()), "column": ColwiseParallel,
-              "row": RowwiseParallel}
+    styles = {"vocab": lambda: RowwiseParallel(input_layouts=Replicate()),
+              "column": ColwiseParallel, "row": RowwiseParallel}
     return {f"{name.rpartition('.')[0]}.{s}".lstrip(".").replace("{i}", "*"): styles[p.style]()
             for name, p in TP_PLAN.items() for s in p.sources}
 
 # %% ../../nbs/analysis/05a_tp_bench.ipynb #eb19be96
 def parallelize_hf_(hf: nn.Module, tp: int, device) -> nn.Module:
-    "HF's text model split over a `tp`-rank mesh by `parallelize_module` with `dtensor_plan()` (call on every rank)."
+    ("HF's text model split over a `tp`-rank mesh by `parallelize_module` with `dtensor_plan()` "
+     "(call on every rank).")
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor.parallel import parallelize_module
     mesh = init_device_mesh(torch.device(device).type, (tp,))
@@ -126,8 +140,8 @@ def parallelize_hf_(hf: nn.Module, tp: int, device) -> nn.Module:
 
 # %% ../../nbs/analysis/05a_tp_bench.ipynb #70553cc1
 def fp32_reference(enc: Encoder, x: dict) -> torch.Tensor:
-    ("The fp32 reference for text prompt `x`: a TP-1 bf16 `enc` run in fp32 with the same weights, each layer cast up "
-     "while it runs (`bench.decoder_states`); [seq, hidden] on the CPU.")
+    ("The fp32 reference for text prompt `x`: a TP-1 bf16 `enc` run in fp32 with the same weights, "
+     "each layer cast up while it runs (`bench.decoder_states`); [seq, hidden] on the CPU.")
     ids, pos = x["input_ids"].to(enc.device), rope_index(x["input_ids"], enc.cfg).to(enc.device)
     old = torch.backends.cuda.matmul.allow_tf32
     torch.backends.cuda.matmul.allow_tf32 = False
@@ -138,19 +152,22 @@ def fp32_reference(enc: Encoder, x: dict) -> torch.Tensor:
 
 # %% ../../nbs/analysis/05a_tp_bench.ipynb #5c143a33
 def timed(call, reps: int, device) -> tuple[torch.Tensor, dict]:
-    ("`call()` once (compilation, graph capture: its seconds and peak memory above what was allocated), once more, "
-     "then `reps` times, each synced: the output and the numbers.")
+    ("`call()` once (compilation, graph capture: its seconds and peak memory above what was "
+     "allocated), once more, then `reps` times, each synced: the output and the numbers.")
     out, first, peak = first_call(call, device)
     call(); ms = []
     for _ in range(reps):
         out, t = wall_ms(call, torch.device(device).type == "cuda"); ms.append(t)
-    return out, dict(ms=statistics.median(ms), ms_min=min(ms), first_call_s=first, peak_act_gib=peak)
+    return out, dict(ms=statistics.median(ms), ms_min=min(ms), first_call_s=first,
+                     peak_act_gib=peak)
 
 # %% ../../nbs/analysis/05a_tp_bench.ipynb #fa07b7e7
-def bench(cfg: EncoderConfig, tokens=(128, 512, 2048), fp8_tokens=(2048,), reps: int = 5, device="cuda",
-          seed: int = 0, fp8_reduce: str = "fp32", log=print, fast_tokens=()) -> pd.DataFrame | None:
-    ("On every rank of a world of 1 or 2: each `grid` row timed, with its weights, peak activations and error against "
-     "an fp32 reference (same weights); the table on rank 0, None elsewhere.")
+def bench(cfg: EncoderConfig, tokens=(128, 512, 2048), fp8_tokens=(2048,), reps: int = 5,
+          device="cuda", seed: int = 0, fp8_reduce: str = "fp32", log=print,
+          fast_tokens=()) -> pd.DataFrame | None:
+    ("On every rank of a world of 1 or 2: each `grid` row timed, with its weights, peak "
+     "activations and error against an fp32 reference (same weights); the table on rank 0, None "
+     "elsewhere.")
     device = torch.device(device)
     world, rank = (dist.get_world_size(), dist.get_rank()) if dist.is_initialized() else (1, 0)
     if world > 2: raise ValueError(f"bench runs TP 1 and 2 on 1 or 2 ranks, not {world}")
@@ -165,21 +182,24 @@ def bench(cfg: EncoderConfig, tokens=(128, 512, 2048), fp8_tokens=(2048,), reps:
             out, r = timed(lambda: call(prompts[n]), reps, device)
             if v.impl == "hf" and v.tp == 1: hf_out[n] = out
             if rank == 0:
-                e = diff_row(out, refs[n]) if refs[n] is not None else dict.fromkeys(("max_abs", "rel_l2", "cosine"),
-                                                                                      float("nan"))
-                rows.append(v._asdict() | dict(tokens=n, weight_gib=weight_gib(model), **r, max_abs=e["max_abs"],
-                                               rel_l2=e["rel_l2"], cosine=e["cosine"], bits=checksum(out),
-                                               rel_l2_to_hf=diff_row(out, hf_out[n])["rel_l2"] if n in hf_out
-                                               else float("nan")))
+                e = (diff_row(out, refs[n]) if refs[n] is not None
+                     else dict.fromkeys(("max_abs", "rel_l2", "cosine"), float("nan")))
+                rows.append(v._asdict() | dict(
+                    tokens=n, weight_gib=weight_gib(model), **r, max_abs=e["max_abs"],
+                    rel_l2=e["rel_l2"], cosine=e["cosine"], bits=checksum(out),
+                    rel_l2_to_hf=(diff_row(out, hf_out[n])["rel_l2"] if n in hf_out
+                                  else float("nan"))))
         say(f"{v}: done")
     barrier = lambda: world > 1 and dist.barrier()
     ours, host = lambda enc: lambda x: enc.encode(**x), HostCopy()
-    hf_call = lambda hf: lambda x: hf_forward(hf, cfg, x, device, host)   # to the CPU as ours: `HostCopy`
+    # to the CPU as ours: `HostCopy`
+    hf_call = lambda hf: lambda x: hf_forward(hf, cfg, x, device, host)
     enc = build_ours(cfg, BASE, Group.local(), device, seed)
     hf = hf_copy(enc)
     say(f"built ours and HF's copy at TP 1: {weight_gib(enc):.1f} + {weight_gib(hf):.1f} GiB")
     if rank == 0:
-        # `fast_tokens` rows are timed only: 8192 tokens' fp32 attention does not fit beside the two bf16 models
+        # `fast_tokens` rows are timed only: 8192 tokens' fp32 attention does not fit beside
+        # the two bf16 models
         refs = {n: fp32_reference(enc, x) if n in tokens else None for n, x in prompts.items()}
         say("fp32 references")
         measure(Variant("hf", 1, "none", "none", "eager"), hf, hf_call(hf))

@@ -24,14 +24,15 @@ from .cases import text_case
 from .tp_bench import Variant, FP8_QUANTS, build_ours
 
 # %% ../../nbs/analysis/05c_tp_comm.ipynb #d7819171
-def sum_bench(group: Group, device, rows=(128, 256, 512, 1024, 2048, 4096, 8192), hidden: int = 5120,
-              k: int = 4096) -> pd.DataFrame:
-    ("Per sum of `[rows, hidden]` over a CUDA `group`, in us: NCCL's, the one-shot kernel's, the copy-engine "
-     "exchange's (`dist.SymmetricSums.sum_start`, its add included; bf16, where an exchange slot holds it); whether "
-     "each gives NCCL's bits; whether NCCL's sum equals its fp32 sum rounded back (`tp.RowSum.acc`). Where a window "
-     "holds the sum: a `[rows, k]` GEMM alone, with the one-shot sum, and through the windows (`tp.RowParallelLinear`, "
-     "add in).")
-    sums = SymmetricSums.make(group, max(rows) * hidden * 4)   # buffers for the largest: every sum below takes them
+def sum_bench(group: Group, device, rows=(128, 256, 512, 1024, 2048, 4096, 8192),
+              hidden: int = 5120, k: int = 4096) -> pd.DataFrame:
+    ("Per sum of `[rows, hidden]` over a CUDA `group`, in us: NCCL's, the one-shot kernel's, the "
+     "copy-engine exchange's (`dist.SymmetricSums.sum_start`, its add included; bf16, where an "
+     "exchange slot holds it); whether each gives NCCL's bits; whether NCCL's sum equals its fp32 "
+     "sum rounded back (`tp.RowSum.acc`). Where a window holds the sum: a `[rows, k]` GEMM alone, "
+     "with the one-shot sum, and through the windows (`tp.RowParallelLinear`, add in).")
+    # buffers for the largest: every sum below takes them
+    sums = SymmetricSums.make(group, max(rows) * hidden * 4)
     xch, out = sums is not None and sums.exchange is not None, []
     for dt in (torch.float32, torch.bfloat16):
         for n in rows:
@@ -39,7 +40,8 @@ def sum_bench(group: Group, device, rows=(128, 256, 512, 1024, 2048, 4096, 8192)
             y, ref = x.clone(), x.clone()
             dist.all_reduce(ref, group=group.pg)
             same = torch.equal((sums or group).all_reduce(x), ref)
-            f32 = x.float(); dist.all_reduce(f32, group=group.pg)   # the fp32 sum, for tp.RowSum.acc's claim
+            # the fp32 sum, for tp.RowSum.acc's claim
+            f32 = x.float(); dist.all_reduce(f32, group=group.pg)
             r = dict(rows=n, dtype=str(dt).removeprefix("torch."), mib=x.nbytes / 2**20,
                      nccl_us=graph_us(lambda: dist.all_reduce(y, group=group.pg)),
                      one_shot_us=graph_us(lambda: (sums or group).all_reduce(x)), bitwise=same,
@@ -55,72 +57,92 @@ def sum_bench(group: Group, device, rows=(128, 256, 512, 1024, 2048, 4096, 8192)
 
 # %% ../../nbs/analysis/05c_tp_comm.ipynb #042c57c4
 def _gemm_sums(sums: SymmetricSums, n: int, hidden: int, k: int, device) -> dict:
-    "`sum_bench`'s GEMM columns: a row-parallel `[n, k] x [k, hidden]` alone, with the one-shot sum, in the windows."
+    ("`sum_bench`'s GEMM columns: a row-parallel `[n, k] x [k, hidden]` alone, with the one-shot "
+     "sum, in the windows.")
     group = sums.group
     lin = RowParallelLinear(k * group.size, hidden, group, dtype=torch.bfloat16, device=device)
-    swap_(lin, {RowParallelLinear: WindowedRowParallelLinear})   # fast mode's variant, summing through `sums`
+    # fast mode's variant, summing through `sums`
+    swap_(lin, {RowParallelLinear: WindowedRowParallelLinear})
     lin.sums, lin.window = sums, 0
     lin.weight.data.normal_(0, 0.02)
     a = torch.randn(n, k, device=device, dtype=torch.bfloat16)
     ref = F.linear(a, lin.weight); dist.all_reduce(ref, group=group.pg)
-    two = lambda: [lin(a), setattr(lin, "window", 1 - lin.window)]   # windows alternate, as attention and MLP do
+    # windows alternate, as attention and MLP do
+    two = lambda: [lin(a), setattr(lin, "window", 1 - lin.window)]
     shared_bits = torch.equal(lin(a), ref); lin.window = 1   # window 0 used: 1 next
     return dict(gemm_us=graph_us(lambda: F.linear(a, lin.weight)),
                 gemm_one_shot_us=graph_us(lambda: sums.all_reduce(F.linear(a, lin.weight))),
                 gemm_shared_us=graph_us(two), shared_bits=shared_bits)
 
 # %% ../../nbs/analysis/05c_tp_comm.ipynb #d466e8f6
-def overlap_check(cfg: EncoderConfig, group: Group, device, tokens: int = 2048, seed: int = 0) -> pd.DataFrame:
-    ("The overlapped schedule on a CUDA group of two, fast mode, bf16 and FP8: `encode` of a `tokens` prompt and the "
-     "text model with DeepStack and two packed prompts, each run twice (`repeat_same`), compared across the ranks "
-     "(`ranks_same`) and with `forward` on the same weights (`rel_l2_to_forward`). Call on both ranks.")
+def overlap_check(cfg: EncoderConfig, group: Group, device, tokens: int = 2048,
+                  seed: int = 0) -> pd.DataFrame:
+    ("The overlapped schedule on a CUDA group of two, fast mode, bf16 and FP8: `encode` of a "
+     "`tokens` prompt and the text model with DeepStack and two packed prompts, each run twice "
+     "(`repeat_same`), compared across the ranks (`ranks_same`) and with `forward` on the same "
+     "weights (`rel_l2_to_forward`). Call on both ranks.")
     def ranks_same(t):
         c = [None] * group.size; dist.all_gather_object(c, checksum(t), group=group.pg)
         return len(set(c)) == 1
-    x, gen, H = text_case(cfg, tokens, seed), torch.Generator().manual_seed(seed), cfg.text.hidden_size
-    h = torch.randn(tokens, H, generator=gen).to(device, torch.bfloat16)   # the same on every rank: one seed
-    mask = torch.zeros(tokens, dtype=torch.bool, device=device); mask[tokens // 20:tokens // 5] = True
-    ds = [torch.randn(int(mask.sum()), H, generator=gen).to(device, torch.bfloat16) for _ in range(3)]
-    pos, lens = rope_index(x["input_ids"], cfg).to(device), [tokens * 3 // 4, tokens - tokens * 3 // 4]
+    x, gen = text_case(cfg, tokens, seed), torch.Generator().manual_seed(seed)
+    H = cfg.text.hidden_size
+    # the same on every rank: one seed
+    h = torch.randn(tokens, H, generator=gen).to(device, torch.bfloat16)
+    mask = torch.zeros(tokens, dtype=torch.bool, device=device)
+    mask[tokens // 20:tokens // 5] = True
+    ds = [torch.randn(int(mask.sum()), H, generator=gen).to(device, torch.bfloat16)
+          for _ in range(3)]
+    pos = rope_index(x["input_ids"], cfg).to(device)
+    lens = [tokens * 3 // 4, tokens - tokens * 3 // 4]
     rows = []
     for quant in ("none", FP8_QUANTS[0]):
         enc = build_ours(cfg, Variant("ours", 2, "fp32", quant, "fast"), group, device, seed)
         if enc.runner.overlap_from is None or tokens < enc.runner.overlap_from:
             raise RuntimeError(f"no overlapped schedule at {tokens} tokens here (overlap_from "
-                               f"{enc.runner.overlap_from}): it needs 2 CUDA ranks with symmetric memory")
+                               f"{enc.runner.overlap_from}): it needs 2 CUDA ranks with symmetric "
+                               "memory")
         on = enc.fast
         over = lambda e=enc: overlapped(e.text, h, pos, mask, ds, lens, e.runner.stages, e.sums)
-        cases = {"encode": (lambda e=enc: e.encode(**x),) * 2,   # (overlapped, plain): the runner chooses
+        # "encode": (overlapped, plain), the runner chooses
+        cases = {"encode": (lambda e=enc: e.encode(**x),) * 2,
                  "DeepStack, 2 prompts": (over, lambda e=enc: e.text(h, pos, mask, ds, lens))}
         for name, (call, plain_call) in cases.items():
             with torch.inference_mode():
                 a, b = call(), call()
-                apply_fast(enc, replace(on, overlap_from=None)); plain = plain_call()   # new runners: new graphs
+                # new runners: new graphs
+                apply_fast(enc, replace(on, overlap_from=None)); plain = plain_call()
                 apply_fast(enc, on)
             rows.append(dict(quant=quant, case=name, tokens=tokens, repeat_same=torch.equal(a, b),
-                             ranks_same=ranks_same(a), rel_l2_to_forward=diff_row(a.cpu(), plain.cpu())["rel_l2"]))
+                             ranks_same=ranks_same(a),
+                             rel_l2_to_forward=diff_row(a.cpu(), plain.cpu())["rel_l2"]))
         del enc; free_memory(device)
     return pd.DataFrame(rows)
 
 # %% ../../nbs/analysis/05c_tp_comm.ipynb #27f9b2db
-def layer_comm_bench(group: Group, cfg: EncoderConfig, device, rows=(128, 2048, 8192), layers: int = 8
-                     ) -> pd.DataFrame:
-    ("One decoder layer's GEMMs at TP `group.size` (CUDA), in us: alone, with the all-reduces, sequence-parallel "
-     "through NCCL and through symmetric memory's fused ops; TP 1's GEMMs; whether the fused ops give the plain bits.")
+def layer_comm_bench(group: Group, cfg: EncoderConfig, device, rows=(128, 2048, 8192),
+                     layers: int = 8) -> pd.DataFrame:
+    ("One decoder layer's GEMMs at TP `group.size` (CUDA), in us: alone, with the all-reduces, "
+     "sequence-parallel through NCCL and through symmetric memory's fused ops; TP 1's GEMMs; "
+     "whether the fused ops give the plain bits.")
     t, tp, name, bf = cfg.text, group.size, group.pg.group_name, torch.bfloat16
     H, M = t.hidden_size, t.intermediate_size
     Q, KV = t.num_attention_heads * t.head_dim, t.num_key_value_heads * t.head_dim
     W = lambda n, k: [torch.randn(n, k, device=device, dtype=bf) * 0.02 for _ in range(layers)]
     full = [W(Q + 2 * KV, H), W(H, Q), W(2 * M, H), W(H, M)]                       # TP 1's weights
     qkv, o, gu, down = W((Q + 2 * KV) // tp, H), W(H, Q // tp), W(2 * M // tp, H), W(H, M // tp)
-    ag, mm_rs = torch.ops.symm_mem.fused_all_gather_matmul, torch.ops.symm_mem.fused_matmul_reduce_scatter
+    ag = torch.ops.symm_mem.fused_all_gather_matmul
+    mm_rs = torch.ops.symm_mem.fused_matmul_reduce_scatter
     out = []
     for n in rows:
-        x = torch.randn(n, H, device=device, dtype=bf); dist.broadcast(x, group.ranks[0], group=group.pg)
-        xs = x.chunk(tp)[group.rank].contiguous()                                     # this rank's rows
-        a, h = torch.randn(n, Q // tp, device=device, dtype=bf), torch.randn(n, M // tp, device=device, dtype=bf)
-        a1, h1 = torch.randn(n, Q, device=device, dtype=bf), torch.randn(n, M, device=device, dtype=bf)
-        buf, part = torch.empty(n, H, device=device, dtype=bf), torch.empty(n // tp, H, device=device, dtype=bf)
+        x = torch.randn(n, H, device=device, dtype=bf)
+        dist.broadcast(x, group.ranks[0], group=group.pg)
+        xs = x.chunk(tp)[group.rank].contiguous()   # this rank's rows
+        a = torch.randn(n, Q // tp, device=device, dtype=bf)
+        h = torch.randn(n, M // tp, device=device, dtype=bf)
+        a1 = torch.randn(n, Q, device=device, dtype=bf)
+        h1 = torch.randn(n, M, device=device, dtype=bf)
+        buf = torch.empty(n, H, device=device, dtype=bf)
+        part = torch.empty(n // tp, H, device=device, dtype=bf)
         ar = lambda y: dist.all_reduce(y, group=group.pg)
         def sched(kind):
             def run():
@@ -135,12 +157,15 @@ def layer_comm_bench(group: Group, cfg: EncoderConfig, device, rows=(128, 2048, 
                         dist.all_gather_into_tensor(buf, xs, group=group.pg); F.linear(buf, gu[i])
                         dist.reduce_scatter_tensor(part, F.linear(h, down[i]), group=group.pg)
                     else:
-                        F.linear(x, qkv[i]); y = F.linear(a, o[i]); F.linear(x, gu[i]); z = F.linear(h, down[i])
+                        F.linear(x, qkv[i]); y = F.linear(a, o[i])
+                        F.linear(x, gu[i]); z = F.linear(h, down[i])
                         if kind == "all_reduce": ar(y); ar(z)
             return run
-        us = {k: graph_us(sched(k), 1) / layers for k in ("tp1", "gemms", "all_reduce", "sp_nccl", "fused")}
+        us = {k: graph_us(sched(k), 1) / layers
+              for k in ("tp1", "gemms", "all_reduce", "sp_nccl", "fused")}
         _, (y,) = ag(xs, [qkv[0].t()], 0, name)
         z, s = mm_rs(h, down[0].t(), "sum", 0, name), F.linear(h, down[0]); ar(s)
         same = torch.equal(y, F.linear(x, qkv[0])) and torch.equal(z, s.chunk(tp)[group.rank])
-        out.append(dict(tokens=n, tp=tp, **{f"{k}_us": v for k, v in us.items()}, fused_bits_same=same))
+        out.append(dict(tokens=n, tp=tp, **{f"{k}_us": v for k, v in us.items()},
+                        fused_bits_same=same))
     return pd.DataFrame(out)

@@ -23,21 +23,24 @@ from .tp_bench import Variant, build_ours, timed
 # %% ../../nbs/analysis/05d_tp_profile.ipynb #c0282a24
 KINDS = ("gemm", "attention", "sum", "compiled", "copy", "other")
 _KIND_KEYS = (("sum", ("nccl", "all_reduce", "allreduce", "barrier")),
-              ("gemm", ("gemm", "nvjet", "cutlass", "xmma", "splitkreduce", "aten::mm", "aten::addmm", "aten::bmm")),
+              ("gemm", ("gemm", "nvjet", "cutlass", "xmma", "splitkreduce", "aten::mm",
+                        "aten::addmm", "aten::bmm")),
               ("attention", ("sdpa", "flash", "fmha", "attention")))
 
 def kernel_kind(name: str) -> str:
     "The kind (one of `KINDS`) of a profiled CUDA kernel or CPU operator, by its name."
     n = name.lower()
-    if n.startswith("triton"): return "compiled"   # inductor's kernels are named after their ops, sdpa's neighbours too
-    if "ptop" in n: return "sum"   # a copy between the GPUs: the exchange's (`dist.Group.sum_start`)
+    # inductor's kernels are named after their ops, sdpa's neighbours too
+    if n.startswith("triton"): return "compiled"
+    # a copy between the GPUs: the exchange's (`dist.Group.sum_start`)
+    if "ptop" in n: return "sum"
     if n.startswith(("memcpy", "memset", "aten::copy_")): return "copy"
     return next((kind for kind, keys in _KIND_KEYS if any(k in n for k in keys)), "other")
 
 # %% ../../nbs/analysis/05d_tp_profile.ipynb #83c9387d
 def kernel_profile(call, cuda: bool, calls: int = 3) -> pd.Series:
-    ("Microseconds per `call()` by `kernel_kind`, from `torch.profiler` over `calls` calls after one more: kernel time "
-     "on a GPU, operators' self time on the CPU.")
+    ("Microseconds per `call()` by `kernel_kind`, from `torch.profiler` over `calls` calls after "
+     "one more: kernel time on a GPU, operators' self time on the CPU.")
     from torch.profiler import profile, ProfilerActivity
     from torch.autograd import DeviceType
     call()
@@ -50,25 +53,28 @@ def kernel_profile(call, cuda: bool, calls: int = 3) -> pd.Series:
             us[kernel_kind(e.key)] += e.device_time_total if cuda else e.self_cpu_time_total
     return us / calls
 
+# %% ../../nbs/analysis/05d_tp_profile.ipynb #63de9def
 def layer_profile(enc: Encoder, x: dict, calls: int = 3, graphs: bool = True) -> pd.Series:
-    ("Microseconds per decoder layer of `enc.encode(**x)` by `kernel_kind` (`kernel_profile`; `graphs`: replayed from "
-     "the CUDA graphs, as shipped).")
+    ("Microseconds per decoder layer of `enc.encode(**x)` by `kernel_kind` (`kernel_profile`; "
+     "`graphs`: replayed from the CUDA graphs, as shipped).")
     with contextlib.nullcontext() if graphs else no_graphs(enc.runner, enc.vision_runner):
-        return kernel_profile(lambda: enc.encode(**x), enc.device.type == "cuda", calls) / len(enc.text.layers)
+        return kernel_profile(lambda: enc.encode(**x), enc.device.type == "cuda",
+                              calls) / len(enc.text.layers)
 
 # %% ../../nbs/analysis/05d_tp_profile.ipynb #7de3ce2c
-def profile_bench(cfg: EncoderConfig, tokens=(128, 2048, 8192), device="cuda", seed: int = 0, reps: int = 5
-                  ) -> pd.DataFrame | None:
-    ("On every rank of a world of 1 or 2: fast mode at TP 1 (rank 0) and TP 2 (fp32 reduce), `layer_profile` at each "
-     "of `tokens` and the median wall ms of `reps` calls as shipped (`timed`); a row per (tp, tokens, kind) on rank 0.")
+def profile_bench(cfg: EncoderConfig, tokens=(128, 2048, 8192), device="cuda", seed: int = 0,
+                  reps: int = 5) -> pd.DataFrame | None:
+    ("On every rank of a world of 1 or 2: fast mode at TP 1 (rank 0) and TP 2 (fp32 reduce), "
+     "`layer_profile` at each of `tokens` and the median wall ms of `reps` calls as shipped "
+     "(`timed`); a row per (tp, tokens, kind) on rank 0.")
     device = torch.device(device)
     world, rank = (dist.get_world_size(), dist.get_rank()) if dist.is_initialized() else (1, 0)
     rows = []
     for tp in (1, 2)[:world]:
         group = encoder_group(tp) if world > 1 else Group.local()
         if group.is_member:
-            enc = build_ours(cfg, Variant("ours", tp, "none" if tp == 1 else "fp32", "none", "fast"), group, device,
-                             seed)
+            choice = Variant("ours", tp, "none" if tp == 1 else "fp32", "none", "fast")
+            enc = build_ours(cfg, choice, group, device, seed)
             for n in tokens:
                 x = text_case(cfg, n, seed)
                 ms = timed(lambda: enc.encode(**x), reps, device)[1]["ms"]
@@ -79,10 +85,11 @@ def profile_bench(cfg: EncoderConfig, tokens=(128, 2048, 8192), device="cuda", s
     return pd.DataFrame(rows) if rank == 0 else None
 
 # %% ../../nbs/analysis/05d_tp_profile.ipynb #abf780dc
-def profile_plot(prof: pd.DataFrame, by: str = "tp", title: str = "where a decoder layer's time goes, fast mode"):
-    ("Stacked bars of us per layer by kind (`profile_bench`'s or `hf_profile`'s): a panel per length, a bar per value "
-     "of `by` (in order of appearance); with a `layers` column, a black line at each call's wall time per layer. "
-     "10 in wide at 100 dpi.")
+def profile_plot(prof: pd.DataFrame, by: str = "tp",
+                 title: str = "where a decoder layer's time goes, fast mode"):
+    ("Stacked bars of us per layer by kind (`profile_bench`'s or `hf_profile`'s): a panel per "
+     "length, a bar per value of `by` (in order of appearance); with a `layers` column, a black "
+     "line at each call's wall time per layer. 10 in wide at 100 dpi.")
     import matplotlib.pyplot as plt
     from matplotlib.patches import Patch
     from matplotlib.lines import Line2D
@@ -93,13 +100,16 @@ def profile_plot(prof: pd.DataFrame, by: str = "tp", title: str = "where a decod
         fig, axes = plt.subplots(1, len(tokens), figsize=(10, 4.2), dpi=100, squeeze=False)
         for ax, n in zip(axes[0], tokens):
             at = prof[prof["tokens"] == n]
-            d = at.pivot_table(index=by, columns="kind", values="us_per_layer").reindex(order).dropna(how="all")
+            d = (at.pivot_table(index=by, columns="kind", values="us_per_layer").reindex(order)
+                 .dropna(how="all"))
             names, bottom = [label(t) for t in d.index], pd.Series(0.0, index=d.index)
             for k in [k for k in KINDS if k in d]:
                 ax.bar(names, d[k], bottom=bottom, color=colors[k], label=k); bottom += d[k]
             if "layers" in prof:
-                wall = at.groupby(by)["call_ms"].first().reindex(d.index) * 1e3 / prof["layers"].iloc[0]
-                ax.scatter(names, wall, marker="_", s=1400 * 2 / max(2, len(names)), lw=2.5, color="k", zorder=3)
+                wall = (at.groupby(by)["call_ms"].first().reindex(d.index) * 1e3
+                        / prof["layers"].iloc[0])
+                ax.scatter(names, wall, marker="_", s=1400 * 2 / max(2, len(names)), lw=2.5,
+                           color="k", zorder=3)
             ax.set_title(f"{n} tokens"); ax.grid(alpha=0.3, axis="y")
             if len(names) > 2: plt.setp(ax.get_xticklabels(), rotation=30, ha="right")
         axes[0][0].set_ylabel("µs per decoder layer (kernel time)")
@@ -112,19 +122,22 @@ def profile_plot(prof: pd.DataFrame, by: str = "tp", title: str = "where a decod
     return fig
 
 # %% ../../nbs/analysis/05d_tp_profile.ipynb #470382ef
-# the last: fast mode with HF's roundings (`FastConfig(fp32=False)`), what its fp32 residual stream costs
+# the last: fast mode with HF's roundings (`FastConfig(fp32=False)`), what its fp32 residual
+# stream costs
 HF_VARIANTS = ("hf_eager", "hf_compiled", "exact", "fast", "fast_hf_roundings")
 
-def hf_profile(cfg: EncoderConfig, tokens=(128, 2048, 2500), device="cuda", seed: int = 0, reps: int = 5,
-               variants=HF_VARIANTS) -> pd.DataFrame:
-    ("HF eager and compiled beside our exact and fast mode (and fast mode with HF's roundings), with the same "
-     "weights (`speed.build_pair`, as the speed sweep builds them): at each of `tokens`, `kernel_profile` per "
-     "decoder layer and the median wall ms of `reps` calls (interleaved); a row per (variant, tokens, kind).")
+def hf_profile(cfg: EncoderConfig, tokens=(128, 2048, 2500), device="cuda", seed: int = 0,
+               reps: int = 5, variants=HF_VARIANTS) -> pd.DataFrame:
+    ("HF eager and compiled beside our exact and fast mode (and fast mode with HF's roundings), "
+     "with the same weights (`speed.build_pair`, as the speed sweep builds them): at each of "
+     "`tokens`, `kernel_profile` per decoder layer and the median wall ms of `reps` calls "
+     "(interleaved); a row per (variant, tokens, kind).")
     device = torch.device(device)
     cuda = device.type == "cuda"
     hf, enc = build_pair(cfg, device, seed=seed)
     encs = {"exact": enc, "fast": fast_twin(enc)}
-    if "fast_hf_roundings" in variants: encs["fast_hf_roundings"] = fast_twin(enc, FastConfig(fp32=False))
+    if "fast_hf_roundings" in variants:
+        encs["fast_hf_roundings"] = fast_twin(enc, FastConfig(fp32=False))
     if cuda:
         for m in hf.language_model.layers: m.compile()
     call, rows = variant_call(hf, encs, cfg, device), []
@@ -137,7 +150,7 @@ def hf_profile(cfg: EncoderConfig, tokens=(128, 2048, 2500), device="cuda", seed
                 for v in variants: ms[v].append(wall_ms(lambda: call(v, x), cuda)[1])
             for v in variants:
                 us = kernel_profile(lambda: call(v, x), cuda) / cfg.selected_layer
-                rows += [dict(variant=v, tokens=n, kind=k, us_per_layer=u, call_ms=statistics.median(ms[v]),
-                              layers=cfg.selected_layer)
+                rows += [dict(variant=v, tokens=n, kind=k, us_per_layer=u,
+                              call_ms=statistics.median(ms[v]), layers=cfg.selected_layer)
                          for k, u in us.items()]
     return pd.DataFrame(rows)

@@ -14,12 +14,13 @@ from .tp_bench import Variant, BASE, COMM_MODES, FP8_QUANTS, rows_of
 KEYS = ["tokens", "impl", "tp", "reduce", "quant", "mode"]
 
 def tp_table(df: pd.DataFrame) -> pd.DataFrame:
-    ("Error vs ms vs GiB per rank: a row per choice and prompt length; time and error also as multiples of "
-     "TP-1 exact's.")
+    ("Error vs ms vs GiB per rank: a row per choice and prompt length; time and error also as "
+     "multiples of TP-1 exact's.")
     base_ms = df[rows_of(df, BASE)].set_index("tokens")["ms"]
     t = df.assign(x_ms=df["ms"] / df["tokens"].map(base_ms))
-    cols = {"ms": "ms", "x_ms": "× TP-1 ms", "weight_gib": "weights GiB/rank", "peak_act_gib": "peak act. GiB/rank",
-            "rel_l2": "rel L2 vs fp32", "err_x_tp1": "× TP-1 error"}
+    cols = {"ms": "ms", "x_ms": "× TP-1 ms", "weight_gib": "weights GiB/rank",
+            "peak_act_gib": "peak act. GiB/rank", "rel_l2": "rel L2 vs fp32",
+            "err_x_tp1": "× TP-1 error"}
     return t.sort_values(KEYS).set_index(KEYS)[list(cols)].rename(columns=cols)
 
 # %% ../../nbs/analysis/05b_tp_report.ipynb #87179b48
@@ -27,24 +28,29 @@ def choice_label(key: tuple) -> str:
     "A `tp_table` row's (impl, tp, reduce, quant, mode) in a few words."
     impl, tp, reduce, quant, mode = key
     if impl == "hf": return f"HF {mode}, TP {tp}" + (" (DTensor)" if tp > 1 else "")
-    return ", ".join([f"TP {tp} {mode}"] + [f"{reduce} reduce"] * (reduce != "none") + [quant] * (quant != "none"))
+    return ", ".join([f"TP {tp} {mode}"] + [f"{reduce} reduce"] * (reduce != "none")
+                     + [quant] * (quant != "none"))
 
+# %% ../../nbs/analysis/05b_tp_report.ipynb #14e90ce5
 def length_tables(df: pd.DataFrame) -> dict:
-    "`tp_table` by prompt length: {tokens: its rows, each named by `choice_label`, without all-empty columns}."
+    ("`tp_table` by prompt length: {tokens: its rows, each named by `choice_label`, without "
+     "all-empty columns}.")
     out = {}
     for n, t in tp_table(df).groupby(level="tokens"):
         t = t.droplevel("tokens")
-        out[n] = t.set_axis([choice_label(k) for k in t.index]).rename_axis("choice").dropna(axis=1, how="all")
+        out[n] = (t.set_axis([choice_label(k) for k in t.index]).rename_axis("choice")
+                  .dropna(axis=1, how="all"))
     return out
 
 # %% ../../nbs/analysis/05b_tp_report.ipynb #69e145c8
 def comm_table(df: pd.DataFrame) -> pd.DataFrame:
-    ("Fast mode's ms at TP 1 and, at TP 2, by reduction and by how the sums run (`COMM_MODES`; `fast`: as shipped); "
-     "a row per length.")
+    ("Fast mode's ms at TP 1 and, at TP 2, by reduction and by how the sums run (`COMM_MODES`; "
+     "`fast`: as shipped); a row per length.")
     f = df[(df.impl == "ours") & (df.quant == "none") & df["mode"].isin(("fast", *COMM_MODES))]
     t = f[f.tp == 2].pivot_table(index="tokens", columns=["reduce", "mode"], values="ms")
     t[("TP 1", "fast")] = f[f.tp == 1].set_index("tokens")["ms"]
-    return t[[("TP 1", "fast")] + [c for c in t.columns if c[0] in ("fp32", "bf16") and c[1] in ("fast", *COMM_MODES)]]
+    return t[[("TP 1", "fast")] + [c for c in t.columns
+                                   if c[0] in ("fp32", "bf16") and c[1] in ("fast", *COMM_MODES)]]
 
 # %% ../../nbs/analysis/05b_tp_report.ipynb #bb09ba85
 def choice(r) -> str:
@@ -55,26 +61,32 @@ def choice(r) -> str:
 
 # %% ../../nbs/analysis/05b_tp_report.ipynb #dbd95d16
 def tp_plot(df: pd.DataFrame, tokens=None):
-    ("Error against ms, a panel per prompt length with errors (not the timed-only ones): a point per choice, coloured "
-     "by choice, o TP 1 and s TP 2, filled fast, hollow exact / eager. 10 in wide at 100 dpi.")
+    ("Error against ms, a panel per prompt length with errors (not the timed-only ones): a point "
+     "per choice, coloured by choice, o TP 1 and s TP 2, filled fast, hollow exact / eager. 10 in "
+     "wide at 100 dpi.")
     import matplotlib.pyplot as plt
     from matplotlib.lines import Line2D
     from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
-    tokens = sorted(df.dropna(subset=["rel_l2"])["tokens"].unique()) if tokens is None else list(tokens)
-    d = df[~df["mode"].isin(COMM_MODES)]   # the same accuracy choice as fast mode: the comm table shows those
+    tokens = (sorted(df.dropna(subset=["rel_l2"])["tokens"].unique()) if tokens is None
+              else list(tokens))
+    # the same accuracy choice as fast mode: the comm table shows those
+    d = df[~df["mode"].isin(COMM_MODES)]
     d = d.assign(choice=d.apply(choice, axis=1))
     colors = dict(zip(sorted(d["choice"].unique()), plt.get_cmap("tab10").colors))
-    handles = ([Line2D([], [], ls="", marker="o", ms=7, color=c, label=k) for k, c in colors.items()]
+    handles = ([Line2D([], [], ls="", marker="o", ms=7, color=c, label=k)
+                for k, c in colors.items()]
                + [Line2D([], [], ls="", marker=m, ms=7, mfc=f, mec="k", label=lab) for m, f, lab in
-                  (("o", "none", "TP 1"), ("s", "none", "TP 2"), ("o", "k", "fast"), ("o", "none", "exact, eager"))])
+                  (("o", "none", "TP 1"), ("s", "none", "TP 2"), ("o", "k", "fast"),
+                   ("o", "none", "exact, eager"))])
     rows = -(-len(handles) // 3); height = 3.6 + 0.27 * rows
     with plt.rc_context({"font.size": 10, "axes.titlesize": 10.5, "legend.fontsize": 9.5}):
-        fig, axes = plt.subplots(1, len(tokens), figsize=(10, height), dpi=100, squeeze=False, sharey=True)
+        fig, axes = plt.subplots(1, len(tokens), figsize=(10, height), dpi=100, squeeze=False,
+                                 sharey=True)
         for ax, n in zip(axes[0], tokens):
             for _, r in d[d["tokens"] == n].iterrows():
                 c = colors[r["choice"]]
-                ax.scatter(r["ms"], r["rel_l2"], s=45, marker="o" if r["tp"] == 1 else "s", edgecolors=c, lw=1.4,
-                           facecolors=c if r["mode"] == "fast" else "none")
+                ax.scatter(r["ms"], r["rel_l2"], s=45, marker="o" if r["tp"] == 1 else "s",
+                           edgecolors=c, lw=1.4, facecolors=c if r["mode"] == "fast" else "none")
             ax.set_xscale("log"); ax.set_yscale("log"); ax.grid(alpha=0.3, which="both")
             for axis in (ax.xaxis, ax.yaxis):   # 10, 20, 50, 100: plain numbers, not powers of ten
                 axis.set_major_locator(LogLocator(subs=(1, 2, 5)))
@@ -83,13 +95,15 @@ def tp_plot(df: pd.DataFrame, tokens=None):
             ax.set_title(f"{n} tokens"); ax.set_xlabel("ms per encode (log scale)")
         axes[0][0].set_ylabel("rel L2 error vs fp32 (log scale)")
         fig.legend(handles=handles, loc="lower center", ncol=3, frameon=False)
-        fig.suptitle("error against time, one point per choice: same weights, one fp32 reference", fontsize=12)
+        fig.suptitle("error against time, one point per choice: same weights, one fp32 reference",
+                     fontsize=12)
         fig.tight_layout(rect=(0, (0.1 + 0.2 * rows) / height, 1, 1))
     return fig
 
 # %% ../../nbs/analysis/05b_tp_report.ipynb #c50d6326
 def findings(df: pd.DataFrame, n: int | None = None) -> str:
-    "What each choice costs at `n` tokens (default: the longest with FP8 rows), as Markdown computed from `df`."
+    ("What each choice costs at `n` tokens (default: the longest with FP8 rows), as Markdown "
+     "computed from `df`.")
     fp8 = df[df["quant"] != "none"]
     n = n or int((fp8 if len(fp8) else df)["tokens"].max())
     d = df[df["tokens"] == n]
@@ -98,46 +112,57 @@ def findings(df: pd.DataFrame, n: int | None = None) -> str:
         return r.iloc[0] if len(r) else None
     b, out = at(), []
     x = lambda r, k="ms": f"{r[k] / b[k]:.2f}×"
-    gib = lambda r: f"{r['weight_gib']:.1f} GiB of weights and {r['peak_act_gib']:.2f} GiB of peak activations per rank"
-    out.append(f"At {n} tokens, TP 1 in exact mode (HF's bits) takes {b['ms']:.1f} ms with {gib(b)}; its rel L2 to "
-               f"fp32 is {b['rel_l2']:.3g}. The multiples below are of these.")
+    gib = lambda r: (f"{r['weight_gib']:.1f} GiB of weights and {r['peak_act_gib']:.2f} GiB of "
+                     "peak activations per rank")
+    out.append(f"At {n} tokens, TP 1 in exact mode (HF's bits) takes {b['ms']:.1f} ms with "
+               f"{gib(b)}; its rel L2 to fp32 is {b['rel_l2']:.3g}. The multiples below are of "
+               "these.")
     tp2 = {r: at(tp=2, reduce=r) for r in REDUCE_MODES}
     if all(v is not None for v in tp2.values()):
         out.append(f"TP 2, exact: {gib(tp2['fp32'])}; " + "; ".join(
             f"{r} reduce {v['ms']:.1f} ms ({x(v)} the time) at {v['err_x_tp1']:.3f}× the error"
             for r, v in tp2.items()) + "."
-            + (" bf16 and fp32 reduce give the same bits at TP 2: the fp32 sum of two bf16 partials, rounded, is their "
-               "bf16 sum, so there fp32 sends bf16 (`tp.RowSum.acc`; `sums_h200.csv` checks NCCL's sums on the GPU)."
+            + (" bf16 and fp32 reduce give the same bits at TP 2: the fp32 sum of two bf16 "
+               "partials, rounded, is their bf16 sum, so there fp32 sends bf16 (`tp.RowSum.acc`; "
+               "`sums_h200.csv` checks NCCL's sums on the GPU)."
                if tp2["bf16"]["bits"] == tp2["fp32"]["bits"] else ""))
     for tp in (1, 2):
         red = "none" if tp == 1 else "fp32"
-        if (f := at(tp=tp, reduce=red, mode="fast")) is not None and (e := at(tp=tp, reduce=red)) is not None:
-            out.append(f"Fast mode at TP {tp}{'' if tp == 1 else ' (fp32 reduce)'}: {f['ms']:.1f} ms, "
+        if ((f := at(tp=tp, reduce=red, mode="fast")) is not None
+                and (e := at(tp=tp, reduce=red)) is not None):
+            out.append(f"Fast mode at TP {tp}{'' if tp == 1 else ' (fp32 reduce)'}: "
+                       f"{f['ms']:.1f} ms, "
                        f"{f['ms'] / e['ms']:.2f}× exact's, at {f['err_x_tp1']:.3f}× the error.")
     c = comm_table(df)   # fast mode's ms at TP 1 and 2, a row per length
     one = c[("TP 1", "fast")]
     if {("fp32", "fast"), ("bf16", "fast")} <= set(c.columns):
         sp = pd.DataFrame({r: one / c[(r, "fast")] for r in ("fp32", "bf16")}).dropna()
         if len(sp): out.append("TP 2 over TP 1, both in fast mode: " + ", ".join(
-            f"{s['fp32']:.2f}× as fast at {t} tokens ({s['bf16']:.2f}× with the bf16 reduce)" for t, s in sp.iterrows())
+            f"{s['fp32']:.2f}× as fast at {t} tokens ({s['bf16']:.2f}× with the bf16 reduce)"
+            for t, s in sp.iterrows())
             + ".")
     if ("fp32", "fast-nccl") in c.columns and ("fp32", "fast") in c.columns:
-        out.append("TP 2 fast mode by how its sums run, fp32 reduce (TP 1 fast's time over it): " + "; ".join(
+        out.append("TP 2 fast mode by how its sums run, fp32 reduce (TP 1 fast's time over it): "
+                   + "; ".join(
             f"{n} tokens: every sum through NCCL {c.loc[n, ('fp32', 'fast-nccl')]:.1f} ms "
-            f"({one[n] / c.loc[n, ('fp32', 'fast-nccl')]:.2f}×), as shipped {c.loc[n, ('fp32', 'fast')]:.1f} ms "
+            f"({one[n] / c.loc[n, ('fp32', 'fast-nccl')]:.2f}×), "
+            f"as shipped {c.loc[n, ('fp32', 'fast')]:.1f} ms "
             f"({one[n] / c.loc[n, ('fp32', 'fast')]:.2f}×)" for n in c.index) + ".")
     for q in FP8_QUANTS:
         for tp in (1, 2):
             if (e := at(tp=tp, reduce=None, quant=q)) is None: continue
             f = at(tp=tp, reduce=e["reduce"], quant=q, mode="fast")
             fast = f", {f['ms']:.1f} ms fast ({x(f)})" if f is not None else ""
-            out.append(f"{q} at TP {tp}: {e['weight_gib']:.1f} GiB of weights per rank ({x(e, 'weight_gib')}), "
-                       f"{e['ms']:.1f} ms exact ({x(e)}){fast}, at {e['err_x_tp1']:.2f}× the error.")
+            out.append(f"{q} at TP {tp}: {e['weight_gib']:.1f} GiB of weights per rank "
+                       f"({x(e, 'weight_gib')}), {e['ms']:.1f} ms exact ({x(e)}){fast}, "
+                       f"at {e['err_x_tp1']:.2f}× the error.")
     dt, hf1 = at(impl="hf", tp=2, reduce="bf16", mode="eager"), at(impl="hf", mode="eager")
     if dt is not None and hf1 is not None and tp2["bf16"] is not None:
         same = dt["bits"] == tp2["bf16"]["bits"]
         out.append(f"PyTorch's tensor parallelism over HF's model at TP 2: {dt['ms']:.1f} ms, "
-                   f"{dt['ms'] / hf1['ms']:.2f}× HF eager at TP 1 and {dt['ms'] / tp2['bf16']['ms']:.2f}× ours at TP 2 "
-                   f"in exact mode with the same bf16 reduction, whose bits it {'gives' if same else 'does not give'}; "
-                   f"{dt['weight_gib']:.1f} GiB of weights per rank, {dt['err_x_tp1']:.3f}× the error.")
+                   f"{dt['ms'] / hf1['ms']:.2f}× HF eager at TP 1 and "
+                   f"{dt['ms'] / tp2['bf16']['ms']:.2f}× ours at TP 2 in exact mode with the "
+                   f"same bf16 reduction, whose bits it {'gives' if same else 'does not give'}; "
+                   f"{dt['weight_gib']:.1f} GiB of weights per rank, "
+                   f"{dt['err_x_tp1']:.3f}× the error.")
     return "\n".join(f"- {s}" for s in out)

@@ -23,30 +23,43 @@ from .tp_profile import profile_bench
 
 # %% ../../nbs/analysis/05_tp_speed.ipynb #b498ee2a
 def command(argv=None) -> int:
-    ("`torchrun --nproc_per_node 2 -m qwen3vl_l50_nbdev.analysis tp [--full]`: the benchmark on 1 or 2 ranks; "
-     "rank 0 writes the CSV with provenance.")
+    ("`torchrun --nproc_per_node 2 -m qwen3vl_l50_nbdev.analysis tp [--full]`: the benchmark on 1 "
+     "or 2 ranks; rank 0 writes the CSV with provenance.")
     p = argparse.ArgumentParser(prog="torchrun --nproc_per_node 2 -m qwen3vl_l50_nbdev.analysis tp",
                                 description=command.__doc__)
     ints = lambda s: tuple(int(x) for x in s.split(","))
-    p.add_argument("--full", action="store_true", help="Qwen3-VL-32B dimensions, NCCL on GPUs (default: tiny, gloo)")
-    p.add_argument("--layers", type=int, default=None, help="decoder layers (default: 50 with --full, else 3)")
-    p.add_argument("--tokens", type=ints, default=None, help="prompt lengths (default: 128,512,2048; tiny: 32,100)")
+    p.add_argument("--full", action="store_true",
+                   help="Qwen3-VL-32B dimensions, NCCL on GPUs (default: tiny, gloo)")
+    p.add_argument("--layers", type=int, default=None,
+                   help="decoder layers (default: 50 with --full, else 3)")
+    p.add_argument("--tokens", type=ints, default=None,
+                   help="prompt lengths (default: 128,512,2048; tiny: 32,100)")
     p.add_argument("--fast-tokens", type=ints, default=None,
-                   help="more lengths for the fast-mode rows only (default: 8192 with --full, else none)")
-    p.add_argument("--fp8-tokens", type=ints, default=None, help="lengths of the FP8 rows (default: 2048; tiny: 100)")
-    p.add_argument("--fp8-reduce", default="fp32", choices=REDUCE_MODES, help="the FP8 rows' reduction at TP 2")
-    p.add_argument("--reps", type=int, default=5, help="timed calls per row (the median is reported)")
+                   help="more lengths for the fast-mode rows only (default: 8192 with --full, else "
+                        "none)")
+    p.add_argument("--fp8-tokens", type=ints, default=None,
+                   help="lengths of the FP8 rows (default: 2048; tiny: 100)")
+    p.add_argument("--fp8-reduce", default="fp32", choices=REDUCE_MODES,
+                   help="the FP8 rows' reduction at TP 2")
+    p.add_argument("--reps", type=int, default=5,
+                   help="timed calls per row (the median is reported)")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--out", default=None, help="CSV (default: nbs/analysis/data/tp_speed_<h200|cpu>.csv)")
-    p.add_argument("--commit", default=None, help="commit to record (default: the package's own, git_commit)")
-    p.add_argument("--layer-comm", action="store_true", help="only layer_comm_bench (2 GPUs), to layer_comm_h200.csv")
+    p.add_argument("--out", default=None,
+                   help="CSV (default: nbs/analysis/data/tp_speed_<h200|cpu>.csv)")
+    p.add_argument("--commit", default=None,
+                   help="commit to record (default: the package's own, git_commit)")
+    p.add_argument("--layer-comm", action="store_true",
+                   help="only layer_comm_bench (2 GPUs), to layer_comm_h200.csv")
     p.add_argument("--overlap-check", action="store_true",
                    help="only overlap_check (2 GPUs), to overlap_check_h200.csv")
     p.add_argument("--profile", action="store_true",
-                   help="only profile_bench (fast mode, TP 1 and 2; lengths 128,2048,8192), to profile_h200.csv")
+                   help="only profile_bench (fast mode, TP 1 and 2; lengths 128,2048,8192), to "
+                        "profile_h200.csv")
     a = p.parse_args(argv)
-    if a.full and not torch.cuda.is_available(): raise SystemExit("--full needs CUDA devices (one per rank)")
-    device = init_world("cuda" if a.full else "cpu", timeout_s=3600)   # rank 1 waits while rank 0 runs the TP-1 rows
+    if a.full and not torch.cuda.is_available():
+        raise SystemExit("--full needs CUDA devices (one per rank)")
+    # rank 1 waits while rank 0 runs the TP-1 rows
+    device = init_world("cuda" if a.full else "cpu", timeout_s=3600)
     try:
         world = dist.get_world_size() if dist.is_initialized() else 1
         if world > 2: raise SystemExit(f"run on 1 or 2 ranks (TP 1 and 2), not {world}")
@@ -56,41 +69,49 @@ def command(argv=None) -> int:
         cmd = (f"torchrun --nproc_per_node {world} -m qwen3vl_l50_nbdev.analysis tp "
                + " ".join(sys.argv[1:] if argv is None else argv))
         if a.profile:
-            pr = profile_bench(cfg, a.tokens or ((128, 2048, 8192) if a.full else (32, 100)), device, a.seed, a.reps)
+            pr = profile_bench(cfg, a.tokens or ((128, 2048, 8192) if a.full else (32, 100)),
+                               device, a.seed, a.reps)
             if pr is not None:
                 write_csv(pr, a.out or data_dir() / f"profile_{'h200' if a.full else 'cpu'}.csv",
                           provenance(device, a.commit, cmd) | dict(layers=layers),
-                          shown=pr.pivot_table(index="kind", columns=["tokens", "tp"], values="us_per_layer"))
+                          shown=pr.pivot_table(index="kind", columns=["tokens", "tp"],
+                                               values="us_per_layer"))
             return 0
         if a.overlap_check:
-            if world != 2 or device.type != "cuda": raise SystemExit("--overlap-check runs on 2 CUDA ranks with --full")
+            if world != 2 or device.type != "cuda":
+                raise SystemExit("--overlap-check runs on 2 CUDA ranks with --full")
             oc = overlap_check(cfg, encoder_group(2), device, seed=a.seed)
             if dist.get_rank() == 0:
                 write_csv(oc, a.out or data_dir() / "overlap_check_h200.csv",
-                          provenance(device, a.commit, cmd) | dict(layers=layers), shown=oc.to_string())
+                          provenance(device, a.commit, cmd) | dict(layers=layers),
+                          shown=oc.to_string())
             return 0
         if a.layer_comm:
-            if world != 2 or device.type != "cuda": raise SystemExit("--layer-comm runs on 2 CUDA ranks with --full")
+            if world != 2 or device.type != "cuda":
+                raise SystemExit("--layer-comm runs on 2 CUDA ranks with --full")
             lc = layer_comm_bench(encoder_group(2), qwen3vl_32b(layers), device)
             if dist.get_rank() == 0:
-                write_csv(lc, a.out or data_dir() / "layer_comm_h200.csv", provenance(device, a.commit, cmd),
-                          shown=lc.to_string())
+                write_csv(lc, a.out or data_dir() / "layer_comm_h200.csv",
+                          provenance(device, a.commit, cmd), shown=lc.to_string())
             return 0
         df = bench(cfg, a.tokens or ((128, 512, 2048) if a.full else (32, 100)),
-                   a.fp8_tokens or ((2048,) if a.full else (100,)), a.reps, device, a.seed, a.fp8_reduce,
+                   a.fp8_tokens or ((2048,) if a.full else (100,)), a.reps, device, a.seed,
+                   a.fp8_reduce,
                    log=lambda m: print(m, flush=True),
                    fast_tokens=a.fast_tokens or ((8192,) if a.full else ()))
         if df is not None:
             import transformers
             out = a.out or data_dir() / f"tp_speed_{'h200' if a.full else 'cpu'}.csv"
-            meta = provenance(device, a.commit, cmd) | dict(transformers=transformers.__version__, layers=layers,
-                                                           config="qwen3vl_32b" if a.full else "tiny", world=world)
-            write_csv(df, out, meta, shown=tp_table(df).to_string(float_format=lambda v: f"{v:.3g}"))
+            meta = provenance(device, a.commit, cmd) | dict(
+                transformers=transformers.__version__, layers=layers,
+                config="qwen3vl_32b" if a.full else "tiny", world=world)
+            write_csv(df, out, meta,
+                      shown=tp_table(df).to_string(float_format=lambda v: f"{v:.3g}"))
         if world == 2 and device.type == "cuda":   # the sums alone, on both ranks
             sums = sum_bench(encoder_group(2), device)
             if dist.get_rank() == 0:
-                write_csv(sums, Path(out).with_name(Path(out).name.replace("tp_speed", "sums")), meta,
-                          shown=sums.to_string())
+                write_csv(sums, Path(out).with_name(Path(out).name.replace("tp_speed", "sums")),
+                          meta, shown=sums.to_string())
     finally:
         if dist.is_initialized(): dist.destroy_process_group()
     return 0

