@@ -5,10 +5,9 @@
 # %% auto #0
 __all__ = ['ACT_SCHEMES', 'SCALE_DTYPES', 'SCALE_MAX', 'BLOCK_LAYERS', 'EMBEDDINGS', 'BlockFp8', 'block_format',
            'quantize_blocks', 'dequantize_blocks', 'check_scales', 'check_scale_values', 'scale_name', 'BlockTensor',
-           'quantize_act_blocks', 'block_mm_reference', 'quantize_act_fused', 'block_scaled_mm', 'block_mm',
-           'block_kernel', 'act_quant_kernel', 'BlockFp8ColumnParallelLinear', 'BlockFp8RowParallelLinear',
-           'block_fp8_model_', 'is_linear_weight', 'quantize_tensors', 'quantize_checkpoint', 'block_tiny',
-           'checkpoint_format']
+           'quantize_act_blocks', 'block_mm_reference', 'quantize_act_fused', 'block_scaled_mm', 'block_kernel',
+           'act_quant_kernel', 'block_mm', 'BlockFp8ColumnParallelLinear', 'BlockFp8RowParallelLinear', 'block_tiny',
+           'block_fp8_model_', 'is_linear_weight', 'quantize_tensors', 'quantize_checkpoint', 'checkpoint_format']
 
 # %% ../nbs/09a_fp8_blocks.ipynb #b959d2c7
 import json
@@ -24,54 +23,68 @@ import torch.nn as nn
 import torch.nn.functional as F
 from safetensors import safe_open
 from safetensors.torch import save_file
+from fastcore.basics import patch
 from .config import EncoderConfig, tiny, path_exists, read_json
 from .tp import ColumnParallelLinear, RowParallelLinear, RowSum
 from .text import DecoderLayer
 from .fp8 import FP8, FP8_MAX, LAYER_PLAN
 
 # %% ../nbs/09a_fp8_blocks.ipynb #662cea15
-ACT_SCHEMES = ("dynamic",)                  # activations quantized per call, per token and 128 columns
-SCALE_DTYPES = ("F32", "BF16")              # safetensors' names of the block scales we read (as fp32)
-
 @dataclass(frozen=True)
 class BlockFp8:
-    "A block-FP8 checkpoint's format: config.json's `quantization_config` (transformers' fine-grained FP8)."
+    ("A block-FP8 checkpoint's format: config.json's `quantization_config` (transformers' "
+     "fine-grained FP8).")
     block: tuple = (128, 128)             # (rows, columns) of the weight that share one scale
     activation_scheme: str = "dynamic"    # activations quantized as they come (the one scheme read)
-    not_converted: tuple = ()             # `modules_to_not_convert`: module names (or patterns) kept in bf16
+    # `modules_to_not_convert`: module names (or patterns) kept in bf16
+    not_converted: tuple = ()
 
     def scale_shape(self, shape) -> tuple:
-        "The `weight_scale_inv` shape for a weight of `shape` [N, K]: one scale per block, partial ones included."
+        ("The `weight_scale_inv` shape for a weight of `shape` [N, K]: one scale per block, "
+         "partial ones included.")
         return tuple(-(-n // b) for n, b in zip(shape, self.block))
 
-    def converted(self, module: str) -> bool:
-        "Is HF module `module` quantized? transformers' rule: no pattern matches it at a boundary, nor as a suffix."
-        return not any(re.match(rf"(?:{p})(?:(?<=\.)|(?=\.|$))", module) or module.endswith(p)
-                       for p in self.not_converted)
-
     def to_config(self) -> dict:
-        return dict(quant_method="fp8", weight_block_size=list(self.block), activation_scheme=self.activation_scheme,
+        return dict(quant_method="fp8", weight_block_size=list(self.block),
+                    activation_scheme=self.activation_scheme,
                     modules_to_not_convert=list(self.not_converted))
 
+# %% ../nbs/09a_fp8_blocks.ipynb #bcb51b80
+@patch
+def converted(self: BlockFp8, module: str) -> bool:
+    ("Is HF module `module` quantized? transformers' rule: no pattern matches it at a boundary, "
+     "nor as a suffix.")
+    return not any(re.match(rf"(?:{p})(?:(?<=\.)|(?=\.|$))", module) or module.endswith(p)
+                   for p in self.not_converted)
+
 # %% ../nbs/09a_fp8_blocks.ipynb #520385c5
+ACT_SCHEMES = ("dynamic",)   # activations quantized per call, per token and 128 columns
+
 def block_format(config: dict, where: str = "config.json") -> BlockFp8 | None:
-    ("The `BlockFp8` that `config` (config.json as a dict) declares in `quantization_config` (top level or "
-     "`text_config`), None when it declares none; a `ValueError` naming the field for anything we cannot load.")
-    q = config.get("quantization_config") or (config.get("text_config") or {}).get("quantization_config")
+    ("The `BlockFp8` that `config` (config.json as a dict) declares in `quantization_config` (top "
+     "level or `text_config`), None when it declares none; a `ValueError` naming the field for "
+     "anything we cannot load.")
+    q = (config.get("quantization_config")
+         or (config.get("text_config") or {}).get("quantization_config"))
     if not q: return None
     fix = "load the bf16 checkpoint (optionally with quant='fp8'), or a block-FP8 one"
     if q.get("quant_method") != "fp8":
-        raise ValueError(f"{where}: quantization_config.quant_method is {q.get('quant_method')!r}: only 'fp8' "
-                         f"with weight_block_size (transformers' fine-grained FP8) is supported; {fix}")
+        raise ValueError(f"{where}: quantization_config.quant_method is {q.get('quant_method')!r}: "
+                         "only 'fp8' with weight_block_size (transformers' fine-grained FP8) is "
+                         f"supported; {fix}")
     b = q.get("weight_block_size")
-    if not (isinstance(b, (list, tuple)) and len(b) == 2 and all(isinstance(n, int) and n > 0 for n in b)):
-        raise ValueError(f"{where}: quantization_config.weight_block_size is {b!r}: block FP8 needs two positive "
-                         f"integers, e.g. [128, 128] (per-tensor FP8 checkpoints are not supported); {fix}")
+    if not (isinstance(b, (list, tuple)) and len(b) == 2
+            and all(isinstance(n, int) and n > 0 for n in b)):
+        raise ValueError(f"{where}: quantization_config.weight_block_size is {b!r}: block FP8 "
+                         "needs two positive integers, e.g. [128, 128] (per-tensor FP8 checkpoints "
+                         f"are not supported); {fix}")
     if (act := q.get("activation_scheme", "dynamic")) not in ACT_SCHEMES:
-        raise ValueError(f"{where}: quantization_config.activation_scheme is {act!r}: only {ACT_SCHEMES} is "
-                         "supported (a 'static' scheme needs calibrated activation_scale tensors)")
+        raise ValueError(f"{where}: quantization_config.activation_scheme is {act!r}: only "
+                         f"{ACT_SCHEMES} is supported (a 'static' scheme needs calibrated "
+                         "activation_scale tensors)")
     if (fmt := q.get("scale_fmt", "float")) not in ("float", None):
-        raise ValueError(f"{where}: quantization_config.scale_fmt is {fmt!r}: only 'float' (fp32 scales) is supported")
+        raise ValueError(f"{where}: quantization_config.scale_fmt is {fmt!r}: only 'float' (fp32 "
+                         "scales) is supported")
     skip = q.get("modules_to_not_convert") or q.get("ignored_layers") or ()
     return BlockFp8(tuple(b), act, tuple(skip))
 
@@ -79,92 +92,120 @@ def block_format(config: dict, where: str = "config.json") -> BlockFp8 | None:
 def quantize_blocks(w: torch.Tensor,  # bf16 or fp32 weight [N, K]
                     block=(128, 128),  # (rows, columns) that share a scale
                    ) -> tuple[torch.Tensor, torch.Tensor]:
-    ("`(w_fp8 [N, K] e4m3, weight_scale_inv [N/bn, K/bk] fp32)` with `w ≈ w_fp8 · scale_inv` per block, computed as "
-     "transformers' `Fp8Quantize` computes it (its bytes); N and K must be multiples of the block.")
+    ("`(w_fp8 [N, K] e4m3, weight_scale_inv [N/bn, K/bk] fp32)` with `w ≈ w_fp8 · scale_inv` per "
+     "block, computed as transformers' `Fp8Quantize` computes it (its bytes); N and K must be "
+     "multiples of the block.")
     (N, K), (bn, bk) = w.shape, block
-    if N % bn or K % bk: raise ValueError(f"a [{N}, {K}] weight is not whole {bn}x{bk} blocks: it stays unquantized")
+    if N % bn or K % bk:
+        raise ValueError(f"a [{N}, {K}] weight is not whole {bn}x{bk} blocks: it stays unquantized")
     t = w.to(torch.float32).reshape(N // bn, bn, K // bk, bk)
     amax = t.abs().amax(dim=(1, 3))
-    scale = torch.where(amax > 0, FP8_MAX / torch.where(amax > 0, amax, torch.ones_like(amax)), torch.ones_like(amax))
+    ones = torch.ones_like(amax)
+    scale = torch.where(amax > 0, FP8_MAX / torch.where(amax > 0, amax, ones), ones)
     q = (t * scale[:, None, :, None]).clamp(-FP8_MAX, FP8_MAX).to(FP8).reshape(N, K)
     return q, (1.0 / scale).to(torch.float32)   # the inverse: what a checkpoint stores
 
+# %% ../nbs/09a_fp8_blocks.ipynb #c4099e8c
 def dequantize_blocks(q: torch.Tensor,          # e4m3 weight [N, K]
                       scale_inv: torch.Tensor,  # its scales [ceil(N/bn), ceil(K/bk)]
                       block=(128, 128),         # (bn, bk): rows and columns that share a scale
                       dtype=torch.float32,      # the result's dtype
                      ) -> torch.Tensor:
-    "`q · scale_inv` per block, in fp32 then `dtype` (transformers' `Fp8Dequantize`); partial edge blocks too."
+    ("`q · scale_inv` per block, in fp32 then `dtype` (transformers' `Fp8Dequantize`); partial "
+     "edge blocks too.")
     (N, K), (bn, bk) = q.shape, block
     s = scale_inv.float().repeat_interleave(bn, 0)[:N].repeat_interleave(bk, 1)[:, :K]
     return (q.float() * s).to(dtype)
 
 # %% ../nbs/09a_fp8_blocks.ipynb #5824a0a8
-def check_scales(name: str, weight_shape, scale_shape, scale_dtype: str, fmt: BlockFp8, where: str = ""):
-    ("Raise a `ValueError` naming `name` (a weight's `weight_scale_inv`) unless its dtype is one of `SCALE_DTYPES` "
-     "and its shape has one entry per `fmt.block` block of the weight.")
-    if scale_dtype not in SCALE_DTYPES:
-        raise ValueError(f"{name}{where} is {scale_dtype}: block scales must be one of {list(SCALE_DTYPES)} "
-                         "(per-block inverse scales, as transformers writes them)")
-    if tuple(scale_shape) != (want := fmt.scale_shape(weight_shape)):
-        raise ValueError(f"{name}{where} has shape {list(scale_shape)} but its weight {list(weight_shape)} in "
-                         f"{fmt.block[0]}x{fmt.block[1]} blocks (config.json weight_block_size) needs {list(want)}: "
-                         "was it written with another block size?")
+SCALE_DTYPES = ("F32", "BF16")   # safetensors' names of the block scales we read (as fp32)
 
-SCALE_MAX = 65504 / FP8_MAX   # ~146: weights past fp16's range; a trained linear layer's weights stay below ~10
+def check_scales(name: str, weight_shape, scale_shape, scale_dtype: str, fmt: BlockFp8,
+                 where: str = ""):
+    ("Raise a `ValueError` naming `name` (a weight's `weight_scale_inv`) unless its dtype is one "
+     "of `SCALE_DTYPES` and its shape has one entry per `fmt.block` block of the weight.")
+    if scale_dtype not in SCALE_DTYPES:
+        raise ValueError(f"{name}{where} is {scale_dtype}: block scales must be one of "
+                         f"{list(SCALE_DTYPES)} (per-block inverse scales, as transformers writes "
+                         "them)")
+    if tuple(scale_shape) != (want := fmt.scale_shape(weight_shape)):
+        raise ValueError(f"{name}{where} has shape {list(scale_shape)} but its weight "
+                         f"{list(weight_shape)} in {fmt.block[0]}x{fmt.block[1]} blocks "
+                         f"(config.json weight_block_size) needs {list(want)}: was it written with "
+                         "another block size?")
+
+# %% ../nbs/09a_fp8_blocks.ipynb #4c12ecbd
+# ~146: weights past fp16's range; a trained linear layer's weights stay below ~10
+SCALE_MAX = 65504 / FP8_MAX
 
 def check_scale_values(name: str, s: torch.Tensor, where: str = ""):
-    ("Raise naming `name` unless every scale is finite, positive and at most `SCALE_MAX` (else the checkpoint is "
-     "corrupt: a zero, negative, NaN or huge scale).")
+    ("Raise naming `name` unless every scale is finite, positive and at most `SCALE_MAX` (else the "
+     "checkpoint is corrupt: a zero, negative, NaN or huge scale).")
     if bad := int((ok := torch.isfinite(s) & (s > 0) & (s <= SCALE_MAX)).numel() - ok.sum()):
-        raise ValueError(f"{name}{where} holds {bad:,} scale(s) that are not finite and positive or are above "
-                         f"{SCALE_MAX:.0f} (of {s.numel():,}; the first {s[~ok][0].item():.4g}): the checkpoint is "
-                         "corrupt: copy or download it again")
+        raise ValueError(f"{name}{where} holds {bad:,} scale(s) that are not finite and positive "
+                         f"or are above {SCALE_MAX:.0f} (of {s.numel():,}; the first "
+                         f"{s[~ok][0].item():.4g}): the checkpoint is corrupt: copy or download it "
+                         "again")
 
 # %% ../nbs/09a_fp8_blocks.ipynb #0758e73e
 def scale_name(weight: str) -> str:
-    "The checkpoint name of weight `weight`'s block scales (transformers' rule: `….weight` -> `….weight_scale_inv`)."
-    return weight.removesuffix("weight") + "weight_scale_inv" if weight.endswith(".weight") else weight + "_scale_inv"
+    ("The checkpoint name of weight `weight`'s block scales (transformers' rule: `….weight` -> "
+     "`….weight_scale_inv`).")
+    if weight.endswith(".weight"): return weight.removesuffix("weight") + "weight_scale_inv"
+    return weight + "_scale_inv"
 
+# %% ../nbs/09a_fp8_blocks.ipynb #a23d2e47
 class BlockTensor:
-    ("A block-FP8 weight and its `weight_scale_inv` (tensors, or anything with `narrow`: a checkpoint slice read on "
-     "demand), read a block-aligned slice at a time: `blocks` keeps FP8, `narrow` dequantizes to fp32.")
+    ("A block-FP8 weight and its `weight_scale_inv` (tensors, or anything with `narrow`: a "
+     "checkpoint slice read on demand), read a block-aligned slice at a time: `blocks` keeps FP8, "
+     "`narrow` dequantizes to fp32.")
     def __init__(self, weight, scale_inv, block=(128, 128), name: str = "weight"):
         self.weight, self.scale_inv, self.block, self.name = weight, scale_inv, tuple(block), name
         self.shape = torch.Size(weight.shape)
 
-    def blocks(self, dim: int, start: int, length: int) -> tuple[torch.Tensor, torch.Tensor]:
-        "Rows (`dim` 0) or columns (1) `start:start+length` in FP8, and their scales; whole blocks only."
-        b, n = self.block[dim], self.shape[dim]
-        if start % b or (length % b and start + length != n):
-            what = ("rows", "columns")[dim]
-            raise ValueError(f"{self.name}: {what} {start}:{start + length} of {n} cut its {b}-{what[:-1]} scale "
-                             f"blocks: shards must start and end on multiples of {b} (choose another TP size)")
-        s = self.scale_inv.narrow(dim, start // b, -(-length // b))
-        check_scale_values(scale_name(self.name), s)   # kept in FP8 or dequantized: finite, positive scales
-        return self.weight.narrow(dim, start, length), s
-
-    def narrow(self, dim: int, start: int, length: int) -> torch.Tensor:
-        "The slice dequantized to fp32 (what a bf16 layer copies: rounded once, as transformers' dequantized load)."
-        return dequantize_blocks(*self.blocks(dim, start, length), self.block)
-
     def read(self) -> torch.Tensor: return self.narrow(0, 0, self.shape[0])
+
+# %% ../nbs/09a_fp8_blocks.ipynb #b4a27b4a
+@patch
+def blocks(self: BlockTensor, dim: int, start: int,
+           length: int) -> tuple[torch.Tensor, torch.Tensor]:
+    ("Rows (`dim` 0) or columns (1) `start:start+length` in FP8, and their scales; whole blocks "
+     "only.")
+    b, n = self.block[dim], self.shape[dim]
+    if start % b or (length % b and start + length != n):
+        what = ("rows", "columns")[dim]
+        raise ValueError(f"{self.name}: {what} {start}:{start + length} of {n} cut its "
+                         f"{b}-{what[:-1]} scale blocks: shards must start and end on multiples of "
+                         f"{b} (choose another TP size)")
+    s = self.scale_inv.narrow(dim, start // b, -(-length // b))
+    # kept in FP8 or dequantized: finite, positive scales
+    check_scale_values(scale_name(self.name), s)
+    return self.weight.narrow(dim, start, length), s
+
+# %% ../nbs/09a_fp8_blocks.ipynb #29f6290b
+@patch
+def narrow(self: BlockTensor, dim: int, start: int, length: int) -> torch.Tensor:
+    ("The slice dequantized to fp32 (what a bf16 layer copies: rounded once, as transformers' "
+     "dequantized load).")
+    return dequantize_blocks(*self.blocks(dim, start, length), self.block)
 
 # %% ../nbs/09a_fp8_blocks.ipynb #38391a3d
 def quantize_act_blocks(x: torch.Tensor, k: int = 128) -> tuple[torch.Tensor, torch.Tensor]:
-    ("Dynamic activation quantization per token and `k` columns: `(x_fp8 [M, K], scale [M, K/k] fp32)`, "
-     "`scale = amax · (1/448)` of each group (transformers' `act_quant`, up to that rounding); K must be a multiple "
-     "of `k`.")
+    ("Dynamic activation quantization per token and `k` columns: `(x_fp8 [M, K], scale [M, K/k] "
+     "fp32)`, `scale = amax · (1/448)` of each group (transformers' `act_quant`, up to that "
+     "rounding); K must be a multiple of `k`.")
     M, K = x.shape
     g = x.float().reshape(M, K // k, k)
-    # an all-zero group gets a tiny scale and stays zero; times the reciprocal: CUDA divides by a scalar so, the CPU
-    # would not (the same bits on both)
+    # an all-zero group gets a tiny scale and stays zero; times the reciprocal: CUDA divides by a
+    # scalar so, the CPU would not (the same bits on both)
     s = g.abs().amax(-1).clamp(min=1e-12) * (1 / FP8_MAX)
     return (g / s[..., None]).to(FP8).reshape(M, K), s
 
+# %% ../nbs/09a_fp8_blocks.ipynb #e6d443f7
 def block_mm_reference(x: torch.Tensor, w: torch.Tensor, scale_inv: torch.Tensor, block=(128, 128),
                        out_dtype=torch.bfloat16) -> torch.Tensor:
-    "What a block-scaled FP8 GEMM computes, in fp32 on any device: both operands quantized, dequantized, multiplied."
+    ("What a block-scaled FP8 GEMM computes, in fp32 on any device: both operands quantized, "
+     "dequantized, multiplied.")
     xq, xs = quantize_act_blocks(x, block[1])
     xd = (xq.float().reshape(x.shape[0], -1, block[1]) * xs[..., None]).reshape(x.shape)
     return (xd @ dequantize_blocks(w, scale_inv, block).T).to(out_dtype)
@@ -175,80 +216,56 @@ def _fused_op():
     from qwen3vl_l50_nbdev.fp8_kernel import quantize_act_op
     return quantize_act_op()
 
+# %% ../nbs/09a_fp8_blocks.ipynb #f330b724
 def quantize_act_fused(x: torch.Tensor, k: int = 128) -> tuple[torch.Tensor, torch.Tensor]:
-    ("`quantize_act_blocks`'s bits in one pass over `x` (a Triton kernel, CUDA), the scales written outer-dim-major "
-     "as cuBLAS's block-scaled GEMM takes them; elsewhere `quantize_act_blocks` itself.")
+    ("`quantize_act_blocks`'s bits in one pass over `x` (a Triton kernel, CUDA), the scales "
+     "written outer-dim-major as cuBLAS's block-scaled GEMM takes them; elsewhere "
+     "`quantize_act_blocks` itself.")
     if x.ndim != 2 or x.shape[1] % k:
-        raise ValueError(f"activations of shape {list(x.shape)}: need [rows, columns] with columns a multiple of {k}")
+        raise ValueError(f"activations of shape {list(x.shape)}: need [rows, columns] with columns "
+                         f"a multiple of {k}")
     if not x.is_cuda or (op := _fused_op()) is None: return quantize_act_blocks(x, k)
     return op(x.contiguous(), k)
 
 # %% ../nbs/09a_fp8_blocks.ipynb #8b9745a3
 def block_scaled_mm(xq: torch.Tensor, xs: torch.Tensor, w: torch.Tensor, scale_inv: torch.Tensor,
                     out_dtype=torch.bfloat16) -> torch.Tensor:
-    ("cuBLAS's block-scaled FP8 GEMM alone (`torch._scaled_mm`): quantized activations `xq` [M, K] and their scales "
-     "`xs` [M, K/128] (`quantize_act_blocks`; M a multiple of 4) times block-FP8 `w` [N, K] and its `scale_inv`.")
-    # the activation scales outer-dim-major ([M, K/128], stride (1, M): a copy unless `quantize_act_fused` wrote them
-    # so); the weight's as stored, seen transposed
+    ("cuBLAS's block-scaled FP8 GEMM alone (`torch._scaled_mm`): quantized activations `xq` [M, K] "
+     "and their scales `xs` [M, K/128] (`quantize_act_blocks`; M a multiple of 4) times block-FP8 "
+     "`w` [N, K] and its `scale_inv`.")
+    # the activation scales outer-dim-major ([M, K/128], stride (1, M): a copy unless
+    # `quantize_act_fused` wrote them so); the weight's as stored, seen transposed
     return torch._scaled_mm(xq, w.t(), xs.t().contiguous().t(), scale_inv.t(), out_dtype=out_dtype)
 
-def block_mm(x: torch.Tensor,          # activations [M, K], bf16
-             w: torch.Tensor,          # e4m3 weight [N, K]
-             scale_inv: torch.Tensor,  # its scales, one per block
-             block=(128, 128),         # (rows, columns) of the weight that share a scale
-             out_dtype=torch.bfloat16,  # the result's dtype
-            ) -> torch.Tensor:
-    ("`x [M, K] @ (w · scale_inv)ᵀ` with `x` quantized per token and 128 columns: `torch._scaled_mm` with 1x128 and "
-     "128x128 block scales (CUDA, cuBLAS >= 12.9, Hopper), else `block_mm_reference`.")
-    fits = w.shape[1] // block[1] % 4 == 0   # cuBLAS takes the scales' K blocks in multiples of 4
-    if not (x.is_cuda and block_kernel(x.device) == "scaled_mm"):
-        return block_mm_reference(x, w, scale_inv, block, out_dtype)
-    if not fits:
-        _say_once(f"block-FP8 weight {tuple(w.shape)}: {w.shape[1] // block[1]} scale blocks along K, not a multiple "
-                  "of 4 as cuBLAS's block-scaled GEMM takes them (a TP size of 4 or more cuts them so): this layer "
-                  "runs `block_mm_reference` (fp32, slow); a TP size of 1 or 2 keeps every 32B shape on the kernel")
-        return block_mm_reference(x, w, scale_inv, block, out_dtype)
-    m = x.shape[0]   # rows padded to a multiple of 4 as well: the activation scales' leading dimension is the rows
-    quant = quantize_act_fused if _FUSED[x.device] else quantize_act_blocks   # the same bits (probed)
-    xq, xs = quant(x if m % 4 == 0 else F.pad(x, (0, 0, 0, -m % 4)), block[1])
-    return block_scaled_mm(xq, xs, w, scale_inv, out_dtype)[:m]
-
+# %% ../nbs/09a_fp8_blocks.ipynb #b618d3e6
 _SAID: set = set()
 
 def _say_once(msg: str):
     "Log `msg` (a warning) the first time only."
     if msg not in _SAID: _SAID.add(msg); logging.getLogger(__name__).warning(msg)
 
-_KERNELS: dict = {}   # device -> "scaled_mm" | "dequantize": what `block_kernel` found, probed once per device
-_FUSED: dict = {}     # device -> does `quantize_act_fused` run there with `quantize_act_blocks`' bits (probed with it)
+# %% ../nbs/09a_fp8_blocks.ipynb #ea650417
+# device -> "scaled_mm" | "dequantize": what `block_kernel` found, probed once per device
+_KERNELS: dict = {}
+# device -> does `quantize_act_fused` run there with `quantize_act_blocks`' bits (probed with it)
+_FUSED: dict = {}
 
 def _key(device) -> torch.device:
-    "One key a device: 'cuda' and what its tensors say, 'cuda:0', are one (else compiled code would probe again)."
+    ("One key a device: 'cuda' and what its tensors say, 'cuda:0', are one (else compiled code "
+     "would probe again).")
     d = torch.device(device)
-    return torch.device("cuda", torch.cuda.current_device()) if d.type == "cuda" and d.index is None else d
+    if d.type != "cuda" or d.index is not None: return d
+    return torch.device("cuda", torch.cuda.current_device())
 
-def block_kernel(device) -> str:
-    ("How block-FP8 layers compute on `device`: 'scaled_mm' where `torch._scaled_mm` takes 1x128 x 128x128 block "
-     "scales and agrees with `block_mm_reference` (probed once, with `quantize_act_fused`'s bits), else 'dequantize' "
-     "(bf16 weights, said once).")
-    device = _key(device)
-    if device not in _KERNELS:
-        _KERNELS[device], _FUSED[device] = _probe(device), _probe_fused(device)
-        if _KERNELS[device] == "dequantize":
-            logging.getLogger(__name__).warning(
-                f"block-FP8 checkpoint on {device}: no block-scaled FP8 GEMM here (CPU, pre-Hopper GPU or cuBLAS < "
-                "12.9): the FP8 weights are dequantized to bf16 on load (the bf16 model's memory and speed)")
-    return _KERNELS[device]
-
-def act_quant_kernel(device) -> str:
-    "How block-FP8 layers quantize their activations on `device`: 'triton' (`quantize_act_fused`) or 'torch'."
-    block_kernel(device)
-    return "triton" if _FUSED[_key(device)] else "torch"
-
+# %% ../nbs/09a_fp8_blocks.ipynb #fa57c899
 def _probe(device: torch.device) -> str:
-    if device.type != "cuda" or torch.cuda.get_device_capability(device) < (9, 0): return "dequantize"
+    ("'scaled_mm' where `block_scaled_mm` runs on `device` and agrees with `block_mm_reference`, "
+     "else 'dequantize'.")
+    if device.type != "cuda" or torch.cuda.get_device_capability(device) < (9, 0):
+        return "dequantize"
     g = torch.Generator(device).manual_seed(0)
-    # 512 x 512: cuBLAS wants the scales' K blocks in multiples of 4 (every 32B shape has them; 256 gave garbage)
+    # 512 x 512: cuBLAS wants the scales' K blocks in multiples of 4 (every 32B shape has them; 256
+    # gave garbage)
     x = torch.randn(64, 512, generator=g, device=device, dtype=torch.bfloat16)
     w, s = quantize_blocks(torch.randn(512, 512, generator=g, device=device), (128, 128))
     try:
@@ -257,62 +274,128 @@ def _probe(device: torch.device) -> str:
     ref = block_mm_reference(x, w, s).float()
     return "scaled_mm" if ((y.float() - ref).norm() / ref.norm()).item() < 1e-2 else "dequantize"
 
+# %% ../nbs/09a_fp8_blocks.ipynb #3e09d552
 def _probe_fused(device: torch.device) -> bool:
-    "Does `quantize_act_fused` give `quantize_act_blocks`' bits on `device` (an all-zero group and odd rows included)?"
+    ("Does `quantize_act_fused` give `quantize_act_blocks`' bits on `device` (an all-zero group "
+     "and odd rows included)?")
     if device.type != "cuda" or _fused_op() is None: return False
-    x = torch.randn(6, 1280, generator=torch.Generator(device).manual_seed(1), device=device, dtype=torch.bfloat16) * 4
+    g = torch.Generator(device).manual_seed(1)
+    x = torch.randn(6, 1280, generator=g, device=device, dtype=torch.bfloat16) * 4
     x[1, 128:256] = 0
     try: (q, s), (rq, rs) = quantize_act_fused(x), quantize_act_blocks(x)
     except Exception as e:   # a Triton build fails in many ways: each means "use torch's"
-        _say_once(f"block-FP8 activations: the fused Triton quantization failed on {device} ({e!r}): torch's is used")
+        _say_once(f"block-FP8 activations: the fused Triton quantization failed on {device} "
+                  f"({e!r}): torch's is used")
         return False
     if not (same := torch.equal(q.view(torch.uint8), rq.view(torch.uint8)) and torch.equal(s, rs)):
-        _say_once(f"block-FP8 activations: the fused Triton quantization differs from torch's on {device}: torch's "
-                  "is used")
+        _say_once(f"block-FP8 activations: the fused Triton quantization differs from torch's on "
+                  f"{device}: torch's is used")
     return same
+
+# %% ../nbs/09a_fp8_blocks.ipynb #65ad33d3
+def block_kernel(device) -> str:
+    ("How block-FP8 layers compute on `device`: 'scaled_mm' where `torch._scaled_mm` takes 1x128 x "
+     "128x128 block scales and agrees with `block_mm_reference` (probed once, with "
+     "`quantize_act_fused`'s bits), else 'dequantize' (bf16 weights, said once).")
+    device = _key(device)
+    if device not in _KERNELS:
+        _KERNELS[device], _FUSED[device] = _probe(device), _probe_fused(device)
+        if _KERNELS[device] == "dequantize":
+            logging.getLogger(__name__).warning(
+                f"block-FP8 checkpoint on {device}: no block-scaled FP8 GEMM here (CPU, pre-Hopper "
+                "GPU or cuBLAS < 12.9): the FP8 weights are dequantized to bf16 on load (the bf16 "
+                "model's memory and speed)")
+    return _KERNELS[device]
+
+# %% ../nbs/09a_fp8_blocks.ipynb #6788a461
+def act_quant_kernel(device) -> str:
+    ("How block-FP8 layers quantize their activations on `device`: 'triton' (`quantize_act_fused`) "
+     "or 'torch'.")
+    block_kernel(device)
+    return "triton" if _FUSED[_key(device)] else "torch"
+
+# %% ../nbs/09a_fp8_blocks.ipynb #93ad4c8e
+def block_mm(x: torch.Tensor,          # activations [M, K], bf16
+             w: torch.Tensor,          # e4m3 weight [N, K]
+             scale_inv: torch.Tensor,  # its scales, one per block
+             block=(128, 128),         # (rows, columns) of the weight that share a scale
+             out_dtype=torch.bfloat16,  # the result's dtype
+            ) -> torch.Tensor:
+    ("`x [M, K] @ (w · scale_inv)ᵀ` with `x` quantized per token and 128 columns: "
+     "`torch._scaled_mm` with 1x128 and 128x128 block scales (CUDA, cuBLAS >= 12.9, Hopper), else "
+     "`block_mm_reference`.")
+    fits = w.shape[1] // block[1] % 4 == 0   # cuBLAS takes the scales' K blocks in multiples of 4
+    if not (x.is_cuda and block_kernel(x.device) == "scaled_mm"):
+        return block_mm_reference(x, w, scale_inv, block, out_dtype)
+    if not fits:
+        _say_once(f"block-FP8 weight {tuple(w.shape)}: {w.shape[1] // block[1]} scale blocks along "
+                  "K, not a multiple of 4 as cuBLAS's block-scaled GEMM takes them (a TP size of 4 "
+                  "or more cuts them so): this layer runs `block_mm_reference` (fp32, slow); a TP "
+                  "size of 1 or 2 keeps every 32B shape on the kernel")
+        return block_mm_reference(x, w, scale_inv, block, out_dtype)
+    # rows padded to a multiple of 4 as well: the activation scales' leading dimension is the rows
+    m = x.shape[0]
+    # the same bits (probed)
+    quant = quantize_act_fused if _FUSED[x.device] else quantize_act_blocks
+    xq, xs = quant(x if m % 4 == 0 else F.pad(x, (0, 0, 0, -m % 4)), block[1])
+    return block_scaled_mm(xq, xs, w, scale_inv, out_dtype)[:m]
 
 # %% ../nbs/09a_fp8_blocks.ipynb #77a305fb
 def _whole_blocks(what: str, n: int, b: int, lin: nn.Module, dim: str):
+    "Raise unless a rank's `n` rows or columns (`dim`) of `lin` are whole blocks of `b`."
     if n % b:
-        raise ValueError(f"{what}: {n} {dim} a rank at TP {lin.group.size} cut the {b}-{dim[:-1]} scale blocks of the "
-                         f"block-FP8 weight: choose a TP size that leaves whole blocks on every rank")
+        raise ValueError(f"{what}: {n} {dim} a rank at TP {lin.group.size} cut the "
+                         f"{b}-{dim[:-1]} scale blocks of the block-FP8 weight: choose a TP size "
+                         "that leaves whole blocks on every rank")
 
+# %% ../nbs/09a_fp8_blocks.ipynb #9fa7108c
 def _empty_blocks(lin: nn.Module, block) -> tuple[nn.Parameter, torch.Tensor]:
-    "An FP8 weight of `lin`'s local shape and its fp32 block scales, uninitialised, where `lin`'s weight is."
+    ("An FP8 weight of `lin`'s local shape and its fp32 block scales, uninitialised, where `lin`'s "
+     "weight is.")
     (N, K), dev = lin.weight.shape, lin.weight.device
     return (nn.Parameter(torch.empty(N, K, dtype=FP8, device=dev), requires_grad=False),
             torch.empty(-(-N // block[0]), -(-K // block[1]), dtype=torch.float32, device=dev))
 
+# %% ../nbs/09a_fp8_blocks.ipynb #1f72ffe3
 class BlockFp8ColumnParallelLinear(nn.Module):
-    "A column-parallel linear holding its rows of a block-FP8 weight and their scales: one block-scaled GEMM, split."
+    ("A column-parallel linear holding its rows of a block-FP8 weight and their scales: one "
+     "block-scaled GEMM, split.")
     shard_dim, padding = 0, 0   # as `tp.ColumnParallelLinear`: what the loader reads
     def __init__(self, lin: ColumnParallelLinear, block=(128, 128)):
         super().__init__()
-        self.group, self.splits, self.local_splits, self.bias = lin.group, lin.splits, lin.local_splits, lin.bias
-        self.block = tuple(block)
-        for s in self.local_splits: _whole_blocks(f"output splits {self.splits}", s, block[0], lin, "rows")
+        self.group, self.splits, self.local_splits = lin.group, lin.splits, lin.local_splits
+        self.bias, self.block = lin.bias, tuple(block)
+        for s in self.local_splits:
+            _whole_blocks(f"output splits {self.splits}", s, block[0], lin, "rows")
         _whole_blocks("input", lin.weight.shape[1], block[1], lin, "columns")
         self.weight, scale = _empty_blocks(lin, block)
         self.register_buffer("weight_scale_inv", scale)
 
-    def forward(self, x: torch.Tensor) -> list[torch.Tensor]:
-        y = block_mm(x.reshape(-1, x.shape[-1]), self.weight, self.weight_scale_inv, self.block, x.dtype)
-        y = y.view(*x.shape[:-1], -1)
-        return list((y if self.bias is None else y + self.bias).split(self.local_splits, -1))
-
-    def load(self, full: BlockTensor, split: int | None = None):
-        "Copy this rank's rows of projection `split` and their scales from `full`, a `BlockTensor`."
-        i, b = split or 0, self.block[0]
-        n, off = self.local_splits[i], sum(self.local_splits[:i])
-        q, s = full.blocks(0, self.group.rank * n, n)
-        self.weight.data[off:off + n].copy_(q)
-        self.weight_scale_inv[off // b:(off + n) // b].copy_(s)
-
     def extra_repr(self): return f"splits={self.splits}, tp={self.group.size}, block={self.block}"
+
+# %% ../nbs/09a_fp8_blocks.ipynb #be969a66
+@patch
+def load(self: BlockFp8ColumnParallelLinear, full: BlockTensor, split: int | None = None):
+    "Copy this rank's rows of projection `split` and their scales from `full`, a `BlockTensor`."
+    i, b = split or 0, self.block[0]
+    n, off = self.local_splits[i], sum(self.local_splits[:i])
+    q, s = full.blocks(0, self.group.rank * n, n)
+    self.weight.data[off:off + n].copy_(q)
+    self.weight_scale_inv[off // b:(off + n) // b].copy_(s)
+
+# %% ../nbs/09a_fp8_blocks.ipynb #1b086264
+@patch
+def forward(self: BlockFp8ColumnParallelLinear, x: torch.Tensor) -> list[torch.Tensor]:
+    "This rank's part of each output split of `x`: one block-scaled GEMM, then split."
+    y = block_mm(x.reshape(-1, x.shape[-1]), self.weight, self.weight_scale_inv, self.block,
+                 x.dtype)
+    y = y.view(*x.shape[:-1], -1)
+    return list((y if self.bias is None else y + self.bias).split(self.local_splits, -1))
 
 # %% ../nbs/09a_fp8_blocks.ipynb #d866cd46
 class BlockFp8RowParallelLinear(RowSum, nn.Module):
-    "A row-parallel linear holding its columns of a block-FP8 weight and their scales; partials summed as `RowSum`."
+    ("A row-parallel linear holding its columns of a block-FP8 weight and their scales; partials "
+     "summed as `RowSum`.")
     shard_dim, padding = 1, 0
     def __init__(self, lin: RowParallelLinear, block=(128, 128)):
         super().__init__()
@@ -322,12 +405,6 @@ class BlockFp8RowParallelLinear(RowSum, nn.Module):
         self.weight, scale = _empty_blocks(lin, block)
         self.register_buffer("weight_scale_inv", scale)
 
-    def partial(self, x: torch.Tensor) -> torch.Tensor:
-        "This rank's term: the block-scaled GEMM of its columns, in the reduce mode's partial dtype."
-        out = self.mode.partial_dtype(x.dtype, self.group.size)
-        y = block_mm(x.reshape(-1, x.shape[-1]), self.weight, self.weight_scale_inv, self.block, out)
-        return y.view(*x.shape[:-1], -1)
-
     def load(self, full: BlockTensor, split: None = None):
         "Copy this rank's columns and their scales from `full`, a `BlockTensor`."
         k = self.weight.shape[1]
@@ -335,6 +412,28 @@ class BlockFp8RowParallelLinear(RowSum, nn.Module):
         self.weight.data.copy_(q); self.weight_scale_inv.copy_(s)
 
     def extra_repr(self): return f"tp={self.group.size}, reduce={self.reduce}, block={self.block}"
+
+# %% ../nbs/09a_fp8_blocks.ipynb #aab98cfe
+@patch
+def partial(self: BlockFp8RowParallelLinear, x: torch.Tensor) -> torch.Tensor:
+    "This rank's term: the block-scaled GEMM of its columns, in the reduce mode's partial dtype."
+    out = self.mode.partial_dtype(x.dtype, self.group.size)
+    y = block_mm(x.reshape(-1, x.shape[-1]), self.weight, self.weight_scale_inv, self.block, out)
+    return y.view(*x.shape[:-1], -1)
+
+# %% ../nbs/09a_fp8_blocks.ipynb #d3556e25
+def block_tiny(selected_layer: int = 3,    # N
+               text: dict | None = None,    # `TextConfig` fields to change
+               vision: dict | None = None,  # `VisionConfig` fields to change
+               **kw,                        # `EncoderConfig` fields to change
+              ) -> EncoderConfig:
+    ("`config.tiny` whose linears are whole 128x128 blocks, every TP 1 and 2 shard too (text "
+     "projections, vision blocks and mergers): the smallest model a block-FP8 checkpoint quantizes "
+     "throughout.")
+    text = dict(hidden_size=256, intermediate_size=512, num_attention_heads=8,
+                num_key_value_heads=4, head_dim=64, mrope_section=(8, 12, 12)) | (text or {})
+    vision = dict(hidden_size=128, intermediate_size=256, num_heads=4) | (vision or {})
+    return tiny(selected_layer, text=text, vision=vision, **kw)
 
 # %% ../nbs/09a_fp8_blocks.ipynb #8fbd7eb6
 BLOCK_LAYERS = {"column": BlockFp8ColumnParallelLinear, "row": BlockFp8RowParallelLinear}
@@ -345,35 +444,47 @@ def block_fp8_model_(model: nn.Module,  # a model with `text.DecoderLayer`s, wei
                      prefix: str = "model.language_model.",  # HF name of the text model
                      device=None,       # where projections built on the meta device go
                     ) -> nn.Module:
-    ("Replace, in place, each decoder projection of `text.TP_PLAN` in `model` whose checkpoint weights are all in "
-     "`fp8` (HF names; `prefix`: the text model's) by its empty block-FP8 layer, for the loader to fill; returns it. "
-     "Projections built on the meta device (`tp.projections_on_meta`) end on `device`, FP8 or (not converted) bf16.")
+    ("Replace, in place, each decoder projection of `text.TP_PLAN` in `model` whose checkpoint "
+     "weights are all in `fp8` (HF names; `prefix`: the text model's) by its empty block-FP8 "
+     "layer, for the loader to fill; returns it. Projections built on the meta device "
+     "(`tp.projections_on_meta`) end on `device`, FP8 or (not converted) bf16.")
     layers = [m for m in model.modules() if isinstance(m, DecoderLayer)]
-    if not layers: raise ValueError(f"{type(model).__name__} has no text.DecoderLayer: nothing to convert")
+    if not layers:
+        raise ValueError(f"{type(model).__name__} has no text.DecoderLayer: nothing to convert")
     for i, layer in enumerate(layers):
         for name, plan in LAYER_PLAN.items():
             parent, _, leaf = name.rpartition(".")
-            if all(f"{prefix}layers.{i}.{parent}.{s}.weight" in fp8 for s in plan.sources):   # else: bf16, dequantized
-                setattr(layer.get_submodule(parent), leaf, BLOCK_LAYERS[plan.style](layer.get_submodule(name), block))
-    for m in model.modules():   # a module built on meta holds nothing else: all its tensors move, unwritten
+            # else: bf16, dequantized
+            if all(f"{prefix}layers.{i}.{parent}.{s}.weight" in fp8 for s in plan.sources):
+                fp8_layer = BLOCK_LAYERS[plan.style](layer.get_submodule(name), block)
+                setattr(layer.get_submodule(parent), leaf, fp8_layer)
+    # a module built on meta holds nothing else: all its tensors move, unwritten
+    for m in model.modules():
         if any(t.is_meta for t in chain(m.parameters(recurse=False), m.buffers(recurse=False))):
-            if device is None: raise ValueError("projections built on the meta device: pass the device they go to")
+            if device is None:
+                raise ValueError("projections built on the meta device: pass the device they go to")
             m.to_empty(device=device, recurse=False)
     return model
 
 # %% ../nbs/09a_fp8_blocks.ipynb #acfe16a3
-EMBEDDINGS = ("embed_tokens", "pos_embed")   # 2-D weights of Qwen3-VL that are embedding tables, not linears
+# 2-D weights of Qwen3-VL that are embedding tables, not linears
+EMBEDDINGS = ("embed_tokens", "pos_embed")
 
 def is_linear_weight(name: str, t: torch.Tensor) -> bool:
-    "Is checkpoint tensor `name` an `nn.Linear`'s weight in Qwen3-VL (what transformers' FP8 quantizer converts)?"
-    return name.endswith(".weight") and t.ndim == 2 and not any(f".{e}." in f".{name}" for e in EMBEDDINGS)
+    ("Is checkpoint tensor `name` an `nn.Linear`'s weight in Qwen3-VL (what transformers' FP8 "
+     "quantizer converts)?")
+    return (name.endswith(".weight") and t.ndim == 2
+            and not any(f".{e}." in f".{name}" for e in EMBEDDINGS))
 
+# %% ../nbs/09a_fp8_blocks.ipynb #fdd9d642
 def quantize_tensors(pairs, fmt: BlockFp8 = BlockFp8(not_converted=("lm_head",)), device=None):
-    ("`(name, tensor)` pairs of a bf16 checkpoint -> those of its block-FP8 form, as transformers writes it: each "
-     "linear weight of whole blocks not in `fmt.not_converted` as e4m3 and its `weight_scale_inv`, the rest as is.")
+    ("`(name, tensor)` pairs of a bf16 checkpoint -> those of its block-FP8 form, as transformers "
+     "writes it: each linear weight of whole blocks not in `fmt.not_converted` as e4m3 and its "
+     "`weight_scale_inv`, the rest as is.")
     for name, t in pairs:
         module = name.removesuffix(".weight")
-        if is_linear_weight(name, t) and fmt.converted(module) and not any(n % b for n, b in zip(t.shape, fmt.block)):
+        whole = not any(n % b for n, b in zip(t.shape, fmt.block))
+        if is_linear_weight(name, t) and fmt.converted(module) and whole:
             q, s = quantize_blocks(t.to(device or t.device), fmt.block)
             yield name, q.to(t.device); yield scale_name(name), s.to(t.device)
         else: yield name, t
@@ -384,12 +495,14 @@ def quantize_checkpoint(src,       # an HF-format bf16 checkpoint directory
                         fmt: BlockFp8 = BlockFp8(not_converted=("lm_head",)),  # the FP8 format
                         device=None,  # where to quantize (default: where each tensor is read)
                        ) -> Path:
-    ("Write the block-FP8 form of HF checkpoint directory `src` to `dst`: the same shards (one at a time in memory), "
-     "the index and config.json updated with `fmt`'s `quantization_config`; other files copied.")
+    ("Write the block-FP8 form of HF checkpoint directory `src` to `dst`: the same shards (one at "
+     "a time in memory), the index and config.json updated with `fmt`'s `quantization_config`; "
+     "other files copied.")
     src, dst = Path(src), Path(dst)
     dst.mkdir(parents=True, exist_ok=True)
     cfg = json.loads((src / "config.json").read_text())
-    if cfg.get("quantization_config"): raise ValueError(f"{src} is already quantized: quantize a bf16 checkpoint")
+    if cfg.get("quantization_config"):
+        raise ValueError(f"{src} is already quantized: quantize a bf16 checkpoint")
     weight_map, total, umask = {}, 0, os.umask(0o022)
     os.umask(umask)
     for f in sorted(src.glob("*.safetensors")):
@@ -408,23 +521,14 @@ def quantize_checkpoint(src,       # an HF-format bf16 checkpoint directory
     for f in src.iterdir():
         if f.is_file() and f.suffix != ".safetensors" and f.name not in ("config.json", index.name):
             shutil.copy2(f, dst / f.name)
-    (dst / "config.json").write_text(json.dumps(cfg | dict(quantization_config=fmt.to_config()), indent=2))
+    config = cfg | dict(quantization_config=fmt.to_config())
+    (dst / "config.json").write_text(json.dumps(config, indent=2))
     return dst
-
-# %% ../nbs/09a_fp8_blocks.ipynb #d3556e25
-def block_tiny(selected_layer: int = 3,    # N
-               text: dict | None = None,    # `TextConfig` fields to change
-               vision: dict | None = None,  # `VisionConfig` fields to change
-               **kw,                        # `EncoderConfig` fields to change
-              ) -> EncoderConfig:
-    ("`config.tiny` whose linears are whole 128x128 blocks, every TP 1 and 2 shard too (text projections, "
-     "vision blocks and mergers): the smallest model a block-FP8 checkpoint quantizes throughout.")
-    return tiny(selected_layer, text=dict(hidden_size=256, intermediate_size=512, num_attention_heads=8,
-                                          num_key_value_heads=4, head_dim=64, mrope_section=(8, 12, 12)) | (text or {}),
-                vision=dict(hidden_size=128, intermediate_size=256, num_heads=4) | (vision or {}), **kw)
 
 # %% ../nbs/09a_fp8_blocks.ipynb #997f79b5
 def checkpoint_format(path,  # an HF-format checkpoint directory
                      ) -> BlockFp8 | None:
-    "The `BlockFp8` format that checkpoint directory `path` declares in config.json, or None (unquantized, or none)."
-    return block_format(read_json(f), str(f)) if path_exists(f := Path(path) / "config.json") else None
+    ("The `BlockFp8` format that checkpoint directory `path` declares in config.json, or None "
+     "(unquantized, or none).")
+    f = Path(path) / "config.json"
+    return block_format(read_json(f), str(f)) if path_exists(f) else None

@@ -17,15 +17,19 @@ except ImportError: triton = None
 
 if triton is not None:
     @triton.jit
-    def _act_quant_kernel(x_ptr, q_ptr, s_ptr, M, K, QINV: tl.constexpr, NG: tl.constexpr, G: tl.constexpr):
-        # row m, groups c*NG .. c*NG+NG-1 of G columns: amax, scale, quantize; scales stored outer-dim-major (s[g*M+m])
+    def _act_quant_kernel(x_ptr, q_ptr, s_ptr, M, K, QINV: tl.constexpr, NG: tl.constexpr,
+                          G: tl.constexpr):
+        # row m, groups c*NG .. c*NG+NG-1 of G columns: amax, scale, quantize; scales stored
+        # outer-dim-major (s[g*M+m])
         m, c = tl.program_id(0), tl.program_id(1)
         g = c * NG + tl.arange(0, NG)
         ok = g < K // G
         cols = g[:, None] * G + tl.arange(0, G)[None, :]
         x = tl.load(x_ptr + m * K + cols, mask=ok[:, None], other=0.0).to(tl.float32)
-        s = tl.maximum(tl.max(tl.abs(x), 1), 1e-12) * QINV   # as the reference: times 1/448 (fp32), an IEEE division
-        tl.store(q_ptr + m * K + cols, tl.div_rn(x, s[:, None]).to(q_ptr.dtype.element_ty), mask=ok[:, None])
+        # as the reference: times 1/448 (fp32), an IEEE division
+        s = tl.maximum(tl.max(tl.abs(x), 1), 1e-12) * QINV
+        tl.store(q_ptr + m * K + cols, tl.div_rn(x, s[:, None]).to(q_ptr.dtype.element_ty),
+                 mask=ok[:, None])
         tl.store(s_ptr + g * M + m, s, mask=ok)
 
     @torch.library.triton_op("qwen3vl_l50::quantize_act_blocks", mutates_args=())
@@ -33,11 +37,13 @@ if triton is not None:
         M, K = x.shape
         q = torch.empty(M, K, dtype=FP8, device=x.device)
         s = torch.empty_strided((M, K // k), (1, M), dtype=torch.float32, device=x.device)
-        torch.library.wrap_triton(_act_quant_kernel)[(M, triton.cdiv(K // k, 8))](x, q, s, M, K, 1 / FP8_MAX, 8, k)
+        grid = (M, triton.cdiv(K // k, 8))
+        torch.library.wrap_triton(_act_quant_kernel)[grid](x, q, s, M, K, 1 / FP8_MAX, 8, k)
         return q, s
 
 
 # %% ../nbs/09b_fp8_kernel.ipynb #bb558c37
 def quantize_act_op():
-    "`torch.ops.qwen3vl_l50.quantize_act_blocks` (x [M, K] bf16, k) -> (e4m3 values, scales); None without Triton."
+    ("`torch.ops.qwen3vl_l50.quantize_act_blocks` (x [M, K] bf16, k) -> (e4m3 values, scales); "
+     "None without Triton.")
     return None if triton is None else torch.ops.qwen3vl_l50.quantize_act_blocks

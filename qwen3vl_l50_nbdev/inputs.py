@@ -28,7 +28,8 @@ from .tokenizer import QWEN_VOCAB, load_tokenizer, qwen_tokenizer, byte_tokenize
 @dataclass(frozen=True)
 class PixelConfig:
     "How pictures become pixel rows: the settings of Qwen3-VL's image (or video) processor."
-    min_pixels: int = 256 * 256          # bounds of the resized area (a video's: frames x height x width)
+    # bounds of the resized area (a video's: frames x height x width)
+    min_pixels: int = 256 * 256
     max_pixels: int = 4096 * 4096
     patch_size: int = 16
     temporal_patch_size: int = 2
@@ -42,109 +43,146 @@ class PixelConfig:
 
     def __post_init__(self):
         if not 0 < self.min_pixels <= self.max_pixels:
-            raise ValueError(f"min_pixels={self.min_pixels:,} and max_pixels={self.max_pixels:,}: they must be "
-                             "positive with min_pixels <= max_pixels (a picture is resized into that area)")
+            raise ValueError(f"min_pixels={self.min_pixels:,} and max_pixels={self.max_pixels:,}: "
+                             "they must be positive with min_pixels <= max_pixels (a picture is "
+                             "resized into that area)")
 
-    @classmethod
-    def from_hf(cls, d: dict, default: 'PixelConfig') -> 'PixelConfig':
-        "`default` with what an HF `preprocessor_config.json` dict sets (`min_pixels` / `max_pixels` over `size`)."
-        size = d.get("size") or {}
-        kw = {f.name: d.get(f.name) for f in fields(cls)}
-        kw |= dict(min_pixels=d.get("min_pixels", size.get("shortest_edge")),
-                   max_pixels=d.get("max_pixels", size.get("longest_edge")))
-        return default.override(**{k: tuple(v) if isinstance(v, list) else v for k, v in kw.items() if v is not None})
+# %% ../nbs/11_inputs.ipynb #b16a9601
+# Qwen3-VL's preprocessor_config.json, and its video_preprocessor_config.json
+IMAGE = PixelConfig()
+VIDEO = PixelConfig(min_pixels=64 * 64, max_pixels=768 * 32 * 32 * 32)
 
-    def override(self, **kw) -> 'PixelConfig':
-        "These settings with `kw`; `min_pixels` or `max_pixels` given alone moves the other where they would cross."
-        if "max_pixels" in kw and "min_pixels" not in kw: kw |= dict(min_pixels=min(self.min_pixels, kw["max_pixels"]))
-        if "min_pixels" in kw and "max_pixels" not in kw: kw |= dict(max_pixels=max(self.max_pixels, kw["min_pixels"]))
-        return replace(self, **kw)
+# %% ../nbs/11_inputs.ipynb #9ab69ba4
+@patch
+def override(self: PixelConfig, **kw) -> PixelConfig:
+    ("These settings with `kw`; `min_pixels` or `max_pixels` given alone moves the other where "
+     "they would cross.")
+    if "max_pixels" in kw and "min_pixels" not in kw:
+        kw |= dict(min_pixels=min(self.min_pixels, kw["max_pixels"]))
+    if "min_pixels" in kw and "max_pixels" not in kw:
+        kw |= dict(max_pixels=max(self.max_pixels, kw["min_pixels"]))
+    return replace(self, **kw)
 
-IMAGE = PixelConfig()                                              # Qwen3-VL's preprocessor_config.json
-VIDEO = PixelConfig(min_pixels=64 * 64, max_pixels=768 * 32 * 32 * 32)   # its video_preprocessor_config.json
+# %% ../nbs/11_inputs.ipynb #22d6ab73
+@patch(cls_method=True)
+def from_hf(cls: PixelConfig, d: dict, default: PixelConfig) -> PixelConfig:
+    ("`default` with what an HF `preprocessor_config.json` dict sets (`min_pixels` / `max_pixels` "
+     "over `size`).")
+    size = d.get("size") or {}
+    kw = {f.name: d.get(f.name) for f in fields(cls)}
+    kw |= dict(min_pixels=d.get("min_pixels", size.get("shortest_edge")),
+               max_pixels=d.get("max_pixels", size.get("longest_edge")))
+    return default.override(**{k: tuple(v) if isinstance(v, list) else v
+                               for k, v in kw.items() if v is not None})
 
 # %% ../nbs/11_inputs.ipynb #e5f6646f
-_KINDS = ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO (named pipe)"), (stat.S_ISSOCK, "a socket"),
-          (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"))
+_KINDS = ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO (named pipe)"),
+          (stat.S_ISSOCK, "a socket"), (stat.S_ISCHR, "a character device"),
+          (stat.S_ISBLK, "a block device"))
 
 def check_file(p, what: str) -> Path:
-    ("`p` if it is a regular file (through symlinks), checked before it is opened: opening a FIFO blocks until "
-     "someone writes to it, a device may never end; else `FileNotFoundError` or `ValueError` naming it.")
+    ("`p` if it is a regular file (through symlinks), checked before it is opened: opening a FIFO "
+     "blocks until someone writes to it, a device may never end; else `FileNotFoundError` or "
+     "`ValueError` naming it.")
     p = Path(p)
     if not path_exists(p): raise FileNotFoundError(f"{what} {p}: no such file")
     mode = os.stat(p).st_mode
     if not stat.S_ISREG(mode):
         kind = next((k for test, k in _KINDS if test(mode)), "not a regular file")
-        raise ValueError(f"{what} {p} is {kind}, not a regular file: it is not read (it could block or never end); "
-                         "save the data to a file and pass that")
+        raise ValueError(f"{what} {p} is {kind}, not a regular file: it is not read (it could "
+                         "block or never end); save the data to a file and pass that")
     return p
 
+# %% ../nbs/11_inputs.ipynb #1d2e36ee
 def to_rgb(im: Image.Image, what: str = "image") -> Image.Image:
-    ("`im` in RGB as HF's image processor converts it (transparency composited on white), except 16-bit grey: "
-     "scaled to 8 bits (PIL, and HF through it, saturate it to white).")
+    ("`im` in RGB as HF's image processor converts it (transparency composited on white), except "
+     "16-bit grey: scaled to 8 bits (PIL, and HF through it, saturate it to white).")
     if im.mode in ("I;16", "I;16L", "I;16B", "I;16N", "I"):
         a = np.asarray(im).astype(np.int64)
         if a.size and (a.min() < 0 or a.max() > 65535):
-            raise ValueError(f"{what}: a 32-bit integer picture with values in [{a.min()}, {a.max()}], not 16-bit "
-                             "(0..65535): scale it to 8 bits yourself, e.g. Image.fromarray(uint8 array)")
-        im = Image.fromarray(((a * 255 + 32767) // 65535).astype(np.uint8), "L")   # round(a * 255 / 65535)
+            raise ValueError(f"{what}: a 32-bit integer picture with values in [{a.min()}, "
+                             f"{a.max()}], not 16-bit (0..65535): scale it to 8 bits yourself, "
+                             "e.g. Image.fromarray(uint8 array)")
+        # round(a * 255 / 65535)
+        im = Image.fromarray(((a * 255 + 32767) // 65535).astype(np.uint8), "L")
     elif im.mode == "F":
-        raise ValueError(f"{what}: a 32-bit float picture: its range is unknown; scale it to 8 bits yourself, e.g. "
+        raise ValueError(f"{what}: a 32-bit float picture: its range is unknown; scale it to 8 "
+                         "bits yourself, e.g. "
                          "Image.fromarray((a / a.max() * 255).round().astype(np.uint8))")
-    if "A" in im.getbands() or im.info.get("transparency") is not None:   # as transformers' convert_to_rgb
+    # as transformers' convert_to_rgb
+    if "A" in im.getbands() or im.info.get("transparency") is not None:
         im = im.convert("RGBA")
-        return Image.alpha_composite(Image.new("RGBA", im.size, (255, 255, 255, 255)), im).convert("RGB")
+        white = Image.new("RGBA", im.size, (255, 255, 255, 255))
+        return Image.alpha_composite(white, im).convert("RGB")
     return im.convert("RGB")
 
-
 # %% ../nbs/11_inputs.ipynb #c0a11e30
-LARGE = 8192 * 8192   # pixels: a file picture above this and 4 x max_pixels is reduced as it is decoded
+# pixels: a file picture above this and 4 x max_pixels is reduced as it is decoded
+LARGE = 8192 * 8192
 
 def _open(p: Path, what: str, max_pixels: int | None, large: int = LARGE) -> Image.Image:
-    ("File `p` decoded; a picture of more than `large` and 4 x `max_pixels` pixels reduced by a whole factor k "
-     "(to >= max_pixels): a JPEG decodes at 1/2, 1/4 or 1/8 (`draft`), any other is reduced right after decoding.")
+    ("File `p` decoded; a picture of more than `large` and 4 x `max_pixels` pixels reduced by a "
+     "whole factor k (to >= max_pixels): a JPEG decodes at 1/2, 1/4 or 1/8 (`draft`), any other is "
+     "reduced right after decoding.")
     try:
         with Image.open(p) as im:
             w, h = im.size
-            if max_pixels is None or w * h <= max(large, 4 * max_pixels): return to_rgb(im, f"{what} {p}")
+            if max_pixels is None or w * h <= max(large, 4 * max_pixels):
+                return to_rgb(im, f"{what} {p}")
             k = math.isqrt(w * h // max_pixels)
-            im.draft("RGB", (-(-w // k), -(-h // k)))   # JPEG: decode at 1/2, 1/4 or 1/8; others: no-op
+            # JPEG: decode at 1/2, 1/4 or 1/8; others: no-op
+            im.draft("RGB", (-(-w // k), -(-h // k)))
             f = max(1, min(im.size[0] * k // w, im.size[1] * k // h))
             try: return to_rgb(im.reduce(f), f"{what} {p}")
-            except ValueError: return to_rgb(im, f"{what} {p}").reduce(f)   # a mode `reduce` lacks (P, 1, ...)
+            # a mode `reduce` lacks (P, 1, ...)
+            except ValueError: return to_rgb(im, f"{what} {p}").reduce(f)
     except Image.DecompressionBombError as e:
-        raise ValueError(f"{what} {p}: {e} A picture that size is refused (PIL's guard against decompression "
-                         "bombs): is it the right file? If it is, make it smaller first") from None
+        raise ValueError(f"{what} {p}: {e} A picture that size is refused (PIL's guard against "
+                         "decompression bombs): is it the right file? If it is, make it smaller "
+                         "first") from None
     except UnidentifiedImageError:
-        raise ValueError(f"{what} {p}: not a picture PIL can read (JPEG, PNG, WebP, ...): is it the right "
-                         "file?") from None
-    except OSError as e: raise ValueError(f"{what} {p} could not be read ({e}): is it truncated?") from None
+        raise ValueError(f"{what} {p}: not a picture PIL can read (JPEG, PNG, WebP, ...): is it "
+                         "the right file?") from None
+    except OSError as e:
+        raise ValueError(f"{what} {p} could not be read ({e}): is it truncated?") from None
 
-def load_image(x, what: str = "image", max_pixels: int | None = None, large: int = LARGE) -> Image.Image:
-    ("A picture as an RGB PIL image (`to_rgb`): a PIL image, a uint8 array [H, W] or [H, W, C], or a regular file "
-     "(errors name it; one over `large` and 4 x `max_pixels` pixels is reduced as it is decoded).")
+# %% ../nbs/11_inputs.ipynb #7a9231ab
+def load_image(x, what: str = "image", max_pixels: int | None = None,
+               large: int = LARGE) -> Image.Image:
+    ("A picture as an RGB PIL image (`to_rgb`): a PIL image, a uint8 array [H, W] or [H, W, C], or "
+     "a regular file (errors name it; one over `large` and 4 x `max_pixels` pixels is reduced as "
+     "it is decoded).")
     if isinstance(x, Image.Image): return to_rgb(x, what)
     if isinstance(x, (str, Path)): return _open(check_file(x, what), what, max_pixels, large)
     a = np.asarray(x)
     if a.dtype != np.uint8 or a.ndim not in (2, 3) or (a.ndim == 3 and a.shape[2] not in (1, 3, 4)):
-        raise ValueError(f"{what}: an array must be uint8, [H, W] or [H, W, 1|3|4] (channels last); got {a.dtype} "
-                         f"{list(a.shape)}: convert it, e.g. (x * 255).round().astype(np.uint8)")
+        raise ValueError(f"{what}: an array must be uint8, [H, W] or [H, W, 1|3|4] (channels "
+                         f"last); got {a.dtype} {list(a.shape)}: convert it, e.g. "
+                         "(x * 255).round().astype(np.uint8)")
     return to_rgb(Image.fromarray(a[..., 0] if a.ndim == 3 and a.shape[2] == 1 else a), what)
 
+# %% ../nbs/11_inputs.ipynb #d848e8ea
 def sample_photo() -> Path:
-    "A real photograph that a dependency ships: matplotlib's Grace Hopper (JPEG, 512 x 600), found without import."
+    ("A real photograph that a dependency ships: matplotlib's Grace Hopper (JPEG, 512 x 600), "
+     "found without import.")
     spec = importlib.util.find_spec("matplotlib")
-    if spec is None: raise ValueError("the sample photograph comes with matplotlib: `pip install matplotlib`")
-    return Path(spec.submodule_search_locations[0]) / "mpl-data" / "sample_data" / "grace_hopper.jpg"
+    if spec is None:
+        raise ValueError("the sample photograph comes with matplotlib: `pip install matplotlib`")
+    data = Path(spec.submodule_search_locations[0]) / "mpl-data" / "sample_data"
+    return data / "grace_hopper.jpg"
 
+# %% ../nbs/11_inputs.ipynb #7fb3b4b4
 def _hf_settings(c: PixelConfig) -> dict:
-    "`c` as the keyword arguments of an HF Qwen-VL image or video processor (the pixel bounds, patches, mean and std)."
-    return dict(size=dict(shortest_edge=c.min_pixels, longest_edge=c.max_pixels), patch_size=c.patch_size,
-                temporal_patch_size=c.temporal_patch_size, merge_size=c.merge_size, image_mean=list(c.image_mean),
-                image_std=list(c.image_std))
+    ("`c` as the keyword arguments of an HF Qwen-VL image or video processor (the pixel bounds, "
+     "patches, mean and std).")
+    return dict(size=dict(shortest_edge=c.min_pixels, longest_edge=c.max_pixels),
+                patch_size=c.patch_size, temporal_patch_size=c.temporal_patch_size,
+                merge_size=c.merge_size, image_mean=list(c.image_mean), image_std=list(c.image_std))
 
+# %% ../nbs/11_inputs.ipynb #7f7b8bb6
 def image_pixels(images: list, c: PixelConfig = IMAGE) -> dict:
-    "`pixel_values` and `image_grid_thw` of RGB PIL `images`: HF's Qwen-VL image processor (PIL backend) with `c`."
+    ("`pixel_values` and `image_grid_thw` of RGB PIL `images`: HF's Qwen-VL image processor (PIL "
+     "backend) with `c`.")
     from transformers import Qwen2VLImageProcessorPil
     p = Qwen2VLImageProcessorPil(**_hf_settings(c), rescale_factor=c.rescale_factor)
     out = p(images=images, return_tensors="pt")
@@ -155,11 +193,13 @@ def video_size(t: int, h: int, w: int, c: PixelConfig = VIDEO) -> tuple[int, int
     "The size Qwen3-VL resizes a clip of `t` frames of `h` x `w` to (HF's video `smart_resize`)."
     f = c.patch_size * c.merge_size
     if t < c.temporal_patch_size:
-        raise ValueError(f"a video of {t} frame(s): it needs at least temporal_patch_size={c.temporal_patch_size}; "
-                         "pass a single picture as an image")
+        raise ValueError(f"a video of {t} frame(s): it needs at least temporal_patch_size="
+                         f"{c.temporal_patch_size}; pass a single picture as an image")
     if h < f or w < f: h, w = int(h * max(f / h, f / w)), int(w * max(f / h, f / w))
-    if max(h, w) / min(h, w) > 200: raise ValueError(f"a video of {h} x {w}: the aspect ratio must be below 200")
-    hb, wb, tb = round(h / f) * f, round(w / f) * f, round(t / c.temporal_patch_size) * c.temporal_patch_size
+    if max(h, w) / min(h, w) > 200:
+        raise ValueError(f"a video of {h} x {w}: the aspect ratio must be below 200")
+    hb, wb = round(h / f) * f, round(w / f) * f
+    tb = round(t / c.temporal_patch_size) * c.temporal_patch_size
     if tb * hb * wb > c.max_pixels:
         beta = math.sqrt(t * h * w / c.max_pixels)
         hb, wb = max(f, math.floor(h / beta / f) * f), max(f, math.floor(w / beta / f) * f)
@@ -168,19 +208,23 @@ def video_size(t: int, h: int, w: int, c: PixelConfig = VIDEO) -> tuple[int, int
         hb, wb = math.ceil(h * beta / f) * f, math.ceil(w * beta / f) * f
     return hb, wb
 
+# %% ../nbs/11_inputs.ipynb #1cfc703c
 def video_pixels(frames: torch.Tensor, c: PixelConfig = VIDEO) -> tuple[torch.Tensor, list[int]]:
-    "Pixel rows and grid (t, h, w) of a clip, `uint8` frames [T, C, H, W], as HF's Qwen3-VL video processor makes them."
+    ("Pixel rows and grid (t, h, w) of a clip, `uint8` frames [T, C, H, W], as HF's Qwen3-VL video "
+     "processor makes them.")
     t, ch, h, w = frames.shape
     rh, rw = video_size(t, h, w, c)
     x = frames.contiguous()
-    if (rh, rw) != (h, w): x = F.interpolate(x, size=(rh, rw), mode="bicubic", antialias=True, align_corners=False)
+    if (rh, rw) != (h, w):
+        x = F.interpolate(x, size=(rh, rw), mode="bicubic", antialias=True, align_corners=False)
     mean, std = (torch.tensor(v) * (1.0 / c.rescale_factor) for v in (c.image_mean, c.image_std))
     x = (x.float() - mean.view(-1, 1, 1)) / std.view(-1, 1, 1)
     tp, p, m = c.temporal_patch_size, c.patch_size, c.merge_size
     if pad := -t % tp: x = torch.cat([x, x[-1:].expand(pad, -1, -1, -1)])
     gt, gh, gw = x.shape[0] // tp, rh // p, rw // p
     x = x.view(gt, tp, ch, gh // m, m, p, gw // m, m, p)
-    x = x.permute(0, 3, 6, 4, 7, 2, 1, 5, 8)    # (gt, gh/m, gw/m, m, m, ch, tp, p, p): merge groups adjacent
+    # (gt, gh/m, gw/m, m, m, ch, tp, p, p): merge groups adjacent
+    x = x.permute(0, 3, 6, 4, 7, 2, 1, 5, 8)
     return x.reshape(gt * gh * gw, ch * tp * p * p), [gt, gh, gw]
 
 # %% ../nbs/11_inputs.ipynb #7709b445
@@ -189,39 +233,49 @@ def sample_indices(total: int, video_fps: float, c: PixelConfig = VIDEO) -> list
     n = min(max(int(total / video_fps * c.fps), c.min_frames), c.max_frames, total)
     return np.linspace(0, total - 1, n).round().astype(int).tolist()
 
+# %% ../nbs/11_inputs.ipynb #99468f01
 def timestamps(indices: list[int], video_fps: float, temporal: int = 2) -> list[float]:
-    "Each temporal patch's time in seconds: the mean of its first and last frame's (HF's `_calculate_timestamps`)."
+    ("Each temporal patch's time in seconds: the mean of its first and last frame's (HF's "
+     "`_calculate_timestamps`).")
     ts = [i / video_fps for i in list(indices) + [indices[-1]] * (-len(indices) % temporal)]
     return [(ts[i] + ts[i + temporal - 1]) / 2 for i in range(0, len(ts), temporal)]
 
+# %% ../nbs/11_inputs.ipynb #94431636
 def read_video(path) -> tuple[list, float]:
-    "Every frame of a video file (RGB arrays) and its frame rate: animated images through PIL, other files PyAV."
+    ("Every frame of a video file (RGB arrays) and its frame rate: animated images through PIL, "
+     "other files PyAV.")
     p = check_file(path, "video")
     try:
         with Image.open(p) as im:
             if getattr(im, "n_frames", 1) > 1:
                 ms = [f.info.get("duration") or 100 for f in ImageSequence.Iterator(im)]
-                return [np.asarray(f.convert("RGB")) for f in ImageSequence.Iterator(im)], 1000 * len(ms) / sum(ms)
+                frames = [np.asarray(f.convert("RGB")) for f in ImageSequence.Iterator(im)]
+                return frames, 1000 * len(ms) / sum(ms)
     except (UnidentifiedImageError, OSError): pass   # not an (animated) picture: a video container
     if importlib.util.find_spec("av") is None:
-        raise ValueError(f"video {p}: not an animated GIF/PNG/WebP, and PyAV (for MP4 and other videos) is not "
-                         "installed: `pip install av`, or pass the frames as a list of pictures")
+        raise ValueError(f"video {p}: not an animated GIF/PNG/WebP, and PyAV (for MP4 and other "
+                         "videos) is not installed: `pip install av`, or pass the frames as a list "
+                         "of pictures")
     import av
     try:
         with av.open(str(p)) as box:
             if not box.streams.video:
                 raise ValueError(f"video {p} has no video stream (its streams: "
-                                 f"{', '.join(s.type for s in box.streams) or 'none'}): is it a video file?")
+                                 f"{', '.join(s.type for s in box.streams) or 'none'}): is it a "
+                                 "video file?")
             s = box.streams.video[0]
-            frames, rate = [f.to_ndarray(format="rgb24") for f in box.decode(s)], float(s.average_rate or 24)
+            frames = [f.to_ndarray(format="rgb24") for f in box.decode(s)]
+            rate = float(s.average_rate or 24)
     except av.error.FFmpegError as e:
         raise ValueError(f"video {p} could not be decoded ({e}): is it a video file?") from None
-    if not frames: raise ValueError(f"video {p}: no frames (its video stream is empty): is the file complete?")
+    if not frames:
+        raise ValueError(f"video {p}: no frames (its video stream is empty): is the file complete?")
     return frames, rate
 
+# %% ../nbs/11_inputs.ipynb #f5cd1bfd
 def load_video(v, fps: float = 2.0, c: PixelConfig = VIDEO) -> tuple[torch.Tensor, list[float]]:
-    ("`uint8` frames [T, 3, H, W] and the timestamps of a video: a file (sampled at `c.fps`), or frames, "
-     "taken as sampled at `fps` per second.")
+    ("`uint8` frames [T, 3, H, W] and the timestamps of a video: a file (sampled at `c.fps`), or "
+     "frames, taken as sampled at `fps` per second.")
     if isinstance(v, (str, Path)):
         frames, rate = read_video(v)   # a file: at least one frame
         idx = sample_indices(len(frames), rate, c)
@@ -231,134 +285,164 @@ def load_video(v, fps: float = 2.0, c: PixelConfig = VIDEO) -> tuple[torch.Tenso
     idx = idx if isinstance(v, (str, Path)) else list(range(len(frames)))
     frames = [np.asarray(load_image(f, what)) for f in frames]
     if len({f.shape for f in frames}) > 1:
-        raise ValueError(f"{what}s differ in size ({sorted({f.shape[:2] for f in frames})}): resize them to one size")
+        raise ValueError(f"{what}s differ in size ({sorted({f.shape[:2] for f in frames})}): "
+                         "resize them to one size")
     x = torch.from_numpy(np.stack(frames)).permute(0, 3, 1, 2)
     return x, timestamps(idx, rate, c.temporal_patch_size)
 
 # %% ../nbs/11_inputs.ipynb #55699b65
-IMAGE_BLOCK, VIDEO_BLOCK = "<|vision_start|><|image_pad|><|vision_end|>", "<|vision_start|><|video_pad|><|vision_end|>"
+IMAGE_BLOCK = "<|vision_start|><|image_pad|><|vision_end|>"
+VIDEO_BLOCK = "<|vision_start|><|video_pad|><|vision_end|>"
 
 def expand(prompt: str, image_grids=(), video_grids=(), stamps=(), merge: int = 2) -> str:
-    "`prompt` with each `<|image_pad|>` and `<|video_pad|>` expanded to its features' placeholders, as HF's processor."
+    ("`prompt` with each `<|image_pad|>` and `<|video_pad|>` expanded to its features' "
+     "placeholders, as HF's processor.")
     images, videos = iter(image_grids), iter(zip(video_grids, stamps))
     def one(m):
-        if m.group() == "<|image_pad|>": return "<|image_pad|>" * (int(np.prod(next(images))) // merge ** 2)
+        if m.group() == "<|image_pad|>":
+            return "<|image_pad|>" * (int(np.prod(next(images))) // merge ** 2)
         (t, h, w), ts = next(videos)
-        return "".join(f"<{ts[i]:.1f} seconds><|vision_start|>" + "<|video_pad|>" * (h * w // merge ** 2)
-                       + "<|vision_end|>" for i in range(t))
+        pads = "<|video_pad|>" * (h * w // merge ** 2)
+        return "".join(f"<{ts[i]:.1f} seconds><|vision_start|>{pads}<|vision_end|>"
+                       for i in range(t))
     return re.sub(r"<\|image_pad\|>|<\|video_pad\|>", one, prompt)
 
 # %% ../nbs/11_inputs.ipynb #3a68ee35
 class Processor:
-    "A prompt, images and videos into `encode`'s keyword arguments, as `transformers`' `Qwen3VLProcessor` makes them."
-    def __init__(self, tokenizer, cfg: EncoderConfig, image: PixelConfig = IMAGE, video: PixelConfig = VIDEO,
-                 chat_template: str | None = None, source: str = "the tokenizer"):
-        self._tokenizer, self.cfg, self.image, self.video = tokenizer, cfg, image, video   # a tokenizer or its Future
+    ("A prompt, images and videos into `encode`'s keyword arguments, as `transformers`' "
+     "`Qwen3VLProcessor` makes them.")
+    def __init__(self, tokenizer, cfg: EncoderConfig, image: PixelConfig = IMAGE,
+                 video: PixelConfig = VIDEO, chat_template: str | None = None,
+                 source: str = "the tokenizer"):
+        # a tokenizer or its Future
+        self._tokenizer, self.cfg, self.image, self.video = tokenizer, cfg, image, video
         self.chat_template, self.source = chat_template, source
         v = cfg.vision
         for name, c in (("image", image), ("video", video)):
             got, want = ((c.patch_size, c.temporal_patch_size, c.merge_size),
                          (v.patch_size, v.temporal_patch_size, v.spatial_merge_size))
             if got != want: raise ValueError(
-                f"the {name} processor's patch_size, temporal_patch_size, merge_size {got} differ from the vision "
-                f"tower's {want}: the preprocessor config does not belong to this checkpoint")
+                f"the {name} processor's patch_size, temporal_patch_size, merge_size {got} differ "
+                f"from the vision tower's {want}: the preprocessor config does not belong to this "
+                "checkpoint")
 
-    @property
-    def tokenizer(self):
-        "The tokenizer; one still being built in the background is waited for (its error, if any, raised here)."
-        if isinstance(self._tokenizer, Future): self._tokenizer = self._tokenizer.result()
-        return self._tokenizer
+# %% ../nbs/11_inputs.ipynb #aa53dd4b
+@patch(as_prop=True)
+def tokenizer(self: Processor):
+    ("The tokenizer; one still being built in the background is waited for (its error, if any, "
+     "raised here).")
+    if isinstance(self._tokenizer, Future): self._tokenizer = self._tokenizer.result()
+    return self._tokenizer
 
-    @classmethod
-    def from_pretrained(cls,
-                        path,                       # a checkpoint directory
-                        video: dict | None = None,  # video pixel settings to override (`PixelConfig` fields)
-                        background: bool = False,   # build the tokenizer in a thread while the caller goes on
-                        **image,                    # image pixel settings to override, e.g. `max_pixels=64*64`
-                       ) -> 'Processor':            # its tokenizer, pixel settings and token ids
-        ("The processor of checkpoint `path`: its tokenizer (`tokenizer.load_tokenizer`), its pixel settings (else "
-         "Qwen3-VL's, with its tower's patch sizes) and token ids; a pixel bound given alone moves the other where "
-         "they would cross.")
-        p, cfg = Path(path), EncoderConfig.from_hf(path, 1)
-        v = cfg.vision
-        own = dict(patch_size=v.patch_size, temporal_patch_size=v.temporal_patch_size, merge_size=v.spatial_merge_size)
-        settings = [PixelConfig.from_hf(read_json(p / f), d) if path_exists(p / f) else d.override(**own)
-                    for f, d in (("preprocessor_config.json", IMAGE), ("video_preprocessor_config.json", VIDEO))]
-        tok, source = load_tokenizer(p, background)
-        return cls(tok, cfg, settings[0].override(**image), settings[1].override(**(video or {})),
-                   _chat_template(p), source)
+# %% ../nbs/11_inputs.ipynb #b3cb74bc
+@patch(cls_method=True)
+def from_pretrained(cls: Processor,
+                    path,                       # a checkpoint directory
+                    video: dict | None = None,  # video settings to override (`PixelConfig` fields)
+                    background: bool = False,   # the tokenizer built in a thread meanwhile
+                    **image,                    # image settings to override: `max_pixels=64*64`
+                   ) -> Processor:              # its tokenizer, pixel settings and token ids
+    ("The processor of checkpoint `path`: its tokenizer (`tokenizer.load_tokenizer`), its pixel "
+     "settings (else Qwen3-VL's, with its tower's patch sizes) and token ids; a pixel bound given "
+     "alone moves the other where they would cross.")
+    p, cfg = Path(path), EncoderConfig.from_hf(path, 1)
+    v = cfg.vision
+    own = dict(patch_size=v.patch_size, temporal_patch_size=v.temporal_patch_size,
+               merge_size=v.spatial_merge_size)
+    files = (("preprocessor_config.json", IMAGE), ("video_preprocessor_config.json", VIDEO))
+    settings = [PixelConfig.from_hf(read_json(p / f), d) if path_exists(p / f)
+                else d.override(**own) for f, d in files]
+    tok, source = load_tokenizer(p, background)
+    return cls(tok, cfg, settings[0].override(**image), settings[1].override(**(video or {})),
+               _chat_template(p), source)
 
 # %% ../nbs/11_inputs.ipynb #f0969681
 def _chat_template(p: Path) -> str | None:
-    "The checkpoint's own chat template (chat_template.jinja, chat_template.json, or tokenizer_config.json's), if any."
+    ("The checkpoint's own chat template (chat_template.jinja, chat_template.json, or "
+     "tokenizer_config.json's), if any.")
     if path_exists(p / "chat_template.jinja"): return (p / "chat_template.jinja").read_text()
-    if path_exists(p / "chat_template.json"): return read_json(p / "chat_template.json").get("chat_template")
+    if path_exists(p / "chat_template.json"):
+        return read_json(p / "chat_template.json").get("chat_template")
     f = p / "tokenizer_config.json"   # transformers' place for a tokenizer's template
     return read_json(f).get("chat_template") if path_exists(f) else None
 
-@patch
-def prompt(self: Processor, text: str, n_images: int = 0, n_videos: int = 0, template: bool = True,
-            system: str | None = None) -> str:
-    "The prompt before expansion: the visual blocks and the text, in the chat template when `template`."
-    text, system = _text(text, "text"), None if system is None else _text(system, "system")
-    marked = (text.count("<|image_pad|>"), text.count("<|video_pad|>"))
-    if any(marked) and marked != (n_images, n_videos):
-        raise ValueError(f"the text holds {marked[0]} <|image_pad|> and {marked[1]} <|video_pad|> but {n_images} "
-                         f"image(s) and {n_videos} video(s) were given: one marker each, or none (then they go first)")
-    if not template: return text if any(marked) else IMAGE_BLOCK * n_images + VIDEO_BLOCK * n_videos + text
-    if self.chat_template:
-        parts = [dict(type="text", text=text)] if any(marked) else (
-            [dict(type="image")] * n_images + [dict(type="video")] * n_videos + [dict(type="text", text=text)])
-        turns = ([dict(role="system", content=[dict(type="text", text=system)])] if system else []) + [
-            dict(role="user", content=parts)]
-        return self.tokenizer.apply_chat_template(turns, chat_template=self.chat_template, tokenize=False,
-                                                  add_generation_prompt=True)
-    content = text if any(marked) else IMAGE_BLOCK * n_images + VIDEO_BLOCK * n_videos + text
-    head = f"<|im_start|>system\n{system}<|im_end|>\n" if system else ""
-    return f"{head}<|im_start|>user\n{content}<|im_end|>\n<|im_start|>assistant\n"
-
+# %% ../nbs/11_inputs.ipynb #111ea84c
 def _text(s, what: str) -> str:
-    "`s`, a string that UTF-8 can encode (no lone surrogate); else `TypeError` or `ValueError` saying where."
+    ("`s`, a string that UTF-8 can encode (no lone surrogate); else `TypeError` or `ValueError` "
+     "saying where.")
     if not isinstance(s, str):
         raise TypeError(f"the {what} must be a string (\"\" for none), got {type(s).__name__}")
     try: s.encode("utf-8")
     except UnicodeEncodeError as e:
         near = s[max(0, e.start - 20):e.start + 20]
-        raise ValueError(f"the {what} holds a lone surrogate {s[e.start]!r} at character {e.start} ({near!r}), not a "
-                         "character: text read with errors='surrogateescape' (a command line or file not in UTF-8?); "
-                         "decode it as UTF-8, or drop that character") from None
+        raise ValueError(f"the {what} holds a lone surrogate {s[e.start]!r} at character {e.start} "
+                         f"({near!r}), not a character: text read with errors='surrogateescape' (a "
+                         "command line or file not in UTF-8?); decode it as UTF-8, or drop that "
+                         "character") from None
     return s
+
+# %% ../nbs/11_inputs.ipynb #d38e5fa3
+@patch
+def prompt(self: Processor, text: str, n_images: int = 0, n_videos: int = 0, template: bool = True,
+           system: str | None = None) -> str:
+    ("The prompt before expansion: the visual blocks and the text, in the chat template when "
+     "`template`.")
+    text, system = _text(text, "text"), None if system is None else _text(system, "system")
+    marked = (text.count("<|image_pad|>"), text.count("<|video_pad|>"))
+    if any(marked) and marked != (n_images, n_videos):
+        raise ValueError(f"the text holds {marked[0]} <|image_pad|> and {marked[1]} <|video_pad|> "
+                         f"but {n_images} image(s) and {n_videos} video(s) were given: one marker "
+                         "each, or none (then they go first)")
+    content = text if any(marked) else IMAGE_BLOCK * n_images + VIDEO_BLOCK * n_videos + text
+    if not template: return content
+    if self.chat_template:
+        parts = [dict(type="text", text=text)] if any(marked) else (
+            [dict(type="image")] * n_images + [dict(type="video")] * n_videos
+            + [dict(type="text", text=text)])
+        head = [dict(role="system", content=[dict(type="text", text=system)])] if system else []
+        return self.tokenizer.apply_chat_template(head + [dict(role="user", content=parts)],
+                                                  chat_template=self.chat_template, tokenize=False,
+                                                  add_generation_prompt=True)
+    head = f"<|im_start|>system\n{system}<|im_end|>\n" if system else ""
+    return f"{head}<|im_start|>user\n{content}<|im_end|>\n<|im_start|>assistant\n"
 
 # %% ../nbs/11_inputs.ipynb #96ffc25b
 @patch
 def tokenize(self: Processor, text: str) -> torch.Tensor:
-    "The token ids of `text` (special tokens written in it are special), checked against the checkpoint: [seq] int64."
-    ids = torch.tensor(self.tokenizer.encode(_text(text, "text"), add_special_tokens=False), dtype=torch.long)
+    ("The token ids of `text` (special tokens written in it are special), checked against the "
+     "checkpoint: [seq] int64.")
+    ids = self.tokenizer.encode(_text(text, "text"), add_special_tokens=False)
+    ids = torch.tensor(ids, dtype=torch.long)
     n = self.cfg.text.vocab_size
     if ids.numel() and int(ids.max()) >= n:
         raise ValueError(
-            f"token id {int(ids.max())} is beyond this checkpoint's vocabulary of {n:,} (ids 0..{n - 1}): the "
-            f"tokenizer ({self.source}) does not fit it. Use a checkpoint with Qwen's {QWEN_VOCAB:,}-entry vocabulary "
-            "(`qwen3vl-l50 make-tiny --real-vocab DIR` writes a tiny one), or give the checkpoint its own tokenizer "
-            "files (tokenizer.json)")
+            f"token id {int(ids.max())} is beyond this checkpoint's vocabulary of {n:,} (ids "
+            f"0..{n - 1}): the tokenizer ({self.source}) does not fit it. Use a checkpoint with "
+            f"Qwen's {QWEN_VOCAB:,}-entry vocabulary (`qwen3vl-l50 make-tiny --real-vocab DIR` "
+            "writes a tiny one), or give the checkpoint its own tokenizer files (tokenizer.json)")
     return ids
 
+# %% ../nbs/11_inputs.ipynb #1a3b175f
 @patch
 def check_specials(self: Processor):
     "The tokenizer's vision token ids must be the checkpoint's."
     c, tok = self.cfg, self.tokenizer
     want = {"<|image_pad|>": c.image_token_id, "<|video_pad|>": c.video_token_id,
             "<|vision_start|>": c.vision_start_token_id, "<|vision_end|>": c.vision_end_token_id}
-    if bad := {t: (tok.convert_tokens_to_ids(t), i) for t, i in want.items() if tok.convert_tokens_to_ids(t) != i}:
-        raise ValueError("the tokenizer and the checkpoint disagree on special token ids (token: tokenizer's id, "
-                         f"config.json's id): {bad}; the tokenizer is {self.source}: use the model's own tokenizer "
-                         "files, or fix image_token_id / video_token_id / vision_*_token_id in config.json")
+    got = {t: tok.convert_tokens_to_ids(t) for t in want}
+    if bad := {t: (got[t], i) for t, i in want.items() if got[t] != i}:
+        raise ValueError("the tokenizer and the checkpoint disagree on special token ids (token: "
+                         f"tokenizer's id, config.json's id): {bad}; the tokenizer is "
+                         f"{self.source}: use the model's own tokenizer files, or fix "
+                         "image_token_id / video_token_id / vision_*_token_id in config.json")
 
+# %% ../nbs/11_inputs.ipynb #e49a6e72
 @patch
 def show(self: Processor, ids) -> str:
     "The decoded prompt, each run of placeholders written once with its count: `<|image_pad|>×56`."
     s = self.tokenizer.decode(ids)
-    return re.sub(r"(<\|(?:image|video)_pad\|>)\1+", lambda m: f"{m.group(1)}×{len(m.group()) // len(m.group(1))}", s)
+    run = lambda m: f"{m.group(1)}×{len(m.group()) // len(m.group(1))}"
+    return re.sub(r"(<\|(?:image|video)_pad\|>)\1+", run, s)
 
 # %% ../nbs/11_inputs.ipynb #ea7792e7
 @patch
@@ -366,7 +450,7 @@ def __call__(self: Processor,
              text: str = "",             # the prompt
              images=(),                  # PIL images, arrays or paths
              videos=(),                  # video files, or lists of frames
-             template: bool = True,      # in the chat template (else the visual blocks and the text as they are)
+             template: bool = True,      # in the chat template (else blocks and text as they are)
              system: str | None = None,  # the system message (in the template)
              fps: float = 2.0,           # the rate frame lists were sampled at
             ) -> dict:                   # `input_ids` and, when given, the pixels and grids
@@ -376,7 +460,8 @@ def __call__(self: Processor,
     if isinstance(videos, (str, Path)): videos = [videos]
     out, grids, vgrids, stamps = {}, [], [], []
     if images:
-        out = image_pixels([load_image(x, max_pixels=self.image.max_pixels) for x in images], self.image)
+        pictures = [load_image(x, max_pixels=self.image.max_pixels) for x in images]
+        out = image_pixels(pictures, self.image)
         grids = out["image_grid_thw"].tolist()
     if videos:
         clips = [load_video(v, fps, self.video) for v in videos]
@@ -384,25 +469,28 @@ def __call__(self: Processor,
         out |= dict(pixel_values_videos=torch.cat([r for r, _ in rows]),
                     video_grid_thw=torch.tensor([g for _, g in rows], dtype=torch.long))
         vgrids, stamps = [g for _, g in rows], [s for _, s in clips]
-    prompt = expand(self.prompt(text, len(grids), len(vgrids), template, system), grids, vgrids, stamps,
-                    self.cfg.vision.spatial_merge_size)
-    ids = self.tokenize(prompt)
+    prompt = self.prompt(text, len(grids), len(vgrids), template, system)
+    ids = self.tokenize(expand(prompt, grids, vgrids, stamps, self.cfg.vision.spatial_merge_size))
     self.check_specials()
     return dict(input_ids=ids, **out)
 
 # %% ../nbs/11_inputs.ipynb #ac7379a1
 def with_qwen_vocab(cfg: EncoderConfig) -> EncoderConfig:
-    "`cfg` with Qwen's 151,936-entry vocabulary and Qwen3-VL's vision token ids (a tiny checkpoint that reads text)."
-    return replace(cfg, text=replace(cfg.text, vocab_size=QWEN_VOCAB), image_token_id=151655, video_token_id=151656,
-                   vision_start_token_id=151652, vision_end_token_id=151653).validate()
+    ("`cfg` with Qwen's 151,936-entry vocabulary and Qwen3-VL's vision token ids (a tiny "
+     "checkpoint that reads text).")
+    return replace(cfg, text=replace(cfg.text, vocab_size=QWEN_VOCAB), image_token_id=151655,
+                   video_token_id=151656, vision_start_token_id=151652,
+                   vision_end_token_id=151653).validate()
 
 # %% ../nbs/11_inputs.ipynb #86d76aba
 def _random_clip(g: np.random.Generator, t: int, h: int, w: int) -> np.ndarray:
-    "A smooth random clip: uint8 [T, H, W, 3] (gradients and a moving blob, plus noise; never constant)."
+    ("A smooth random clip: uint8 [T, H, W, 3] (gradients and a moving blob, plus noise; never "
+     "constant).")
     yy, xx = np.mgrid[0:h, 0:w] / max(h, w)
     c = g.uniform(0, 1, (3, 3))
-    frames = [np.stack([c[k, 0] * xx + c[k, 1] * yy + 0.3 * np.exp(-((xx - i / t) ** 2 + (yy - c[k, 2]) ** 2) * 20)
-                        for k in range(3)], -1) for i in range(t)]
+    blob = lambda i, k: 0.3 * np.exp(-((xx - i / t) ** 2 + (yy - c[k, 2]) ** 2) * 20)
+    frames = [np.stack([c[k, 0] * xx + c[k, 1] * yy + blob(i, k) for k in range(3)], -1)
+              for i in range(t)]
     return np.clip(np.stack(frames) * 180 + g.normal(0, 12, (t, h, w, 3)), 0, 255).astype(np.uint8)
 
 # %% ../nbs/11_inputs.ipynb #2d541159
@@ -413,49 +501,64 @@ VIDEO_CASES = (   # (name, frames, height, width, settings)
     ("qwen3vl 4x40x50 upscaled", 4, 40, 50, replace(VIDEO, min_pixels=4 * 96 * 96)),
     ("tiny 5x30x44 (patch 4)", 5, 30, 44, replace(VIDEO, patch_size=4, max_pixels=5 * 40 * 40)))
 
+# %% ../nbs/11_inputs.ipynb #93aa2bf4
 def _hf_video(c: PixelConfig):
     "transformers' Qwen3-VL video processor (needs torchvision) with settings `c`."
     from transformers import Qwen3VLVideoProcessor
     return Qwen3VLVideoProcessor(**_hf_settings(c), do_sample_frames=False)
 
+# %% ../nbs/11_inputs.ipynb #fdf3d5cc
 def _meta(t: int, fps: float = 2.0):
+    "transformers' metadata of a clip of `t` frames, every one of them sampled, at `fps`."
     from transformers.video_utils import VideoMetadata
     return VideoMetadata(total_num_frames=t, fps=fps, frames_indices=list(range(t)))
 
+# %% ../nbs/11_inputs.ipynb #1f91644e
 def _video_rows(g, row, name, t, h, w, c):
     "One random clip: our grid and pixels against HF's video processor's."
     clip = _random_clip(g, t, h, w)
     px, grid = video_pixels(torch.from_numpy(clip).permute(0, 3, 1, 2), c)
-    hf = _hf_video(c)(videos=[clip], video_metadata=[_meta(t)], do_sample_frames=False, return_tensors="pt")
+    hf = _hf_video(c)(videos=[clip], video_metadata=[_meta(t)], do_sample_frames=False,
+                      return_tensors="pt")
     hv, hg = hf["pixel_values_videos"], hf["video_grid_thw"].tolist()
     row(name, "video_grid_thw", hg == [grid], f"ours {grid}, HF {hg}")
-    err = (px - hv).abs().max().item() if px.shape == hv.shape else f"shapes {list(px.shape)} vs {list(hv.shape)}"
-    row(name, "pixel_values_videos bitwise", px.shape == hv.shape and torch.equal(px, hv),
+    same = px.shape == hv.shape
+    err = (px - hv).abs().max().item() if same else f"shapes {list(px.shape)} vs {list(hv.shape)}"
+    row(name, "pixel_values_videos bitwise", same and torch.equal(px, hv),
         f"{list(px.shape)}, max |diff| {err}")
 
+# %% ../nbs/11_inputs.ipynb #edd58889
 def _sampling_rows(row, total: int, rate: float):
     "Our frame sampling of a file against HF's `sample_frames`."
     from transformers.video_utils import VideoMetadata
-    hf = _hf_video(VIDEO).sample_frames(VideoMetadata(total_num_frames=total, fps=rate), fps=VIDEO.fps)
+    meta = VideoMetadata(total_num_frames=total, fps=rate)
+    hf = _hf_video(VIDEO).sample_frames(meta, fps=VIDEO.fps)
     ours = sample_indices(total, rate)
-    row(f"sample {total} frames at {rate} fps", "frame indices", [int(i) for i in hf] == ours, f"{len(ours)} frames")
+    row(f"sample {total} frames at {rate} fps", "frame indices", [int(i) for i in hf] == ours,
+        f"{len(ours)} frames")
 
+# %% ../nbs/11_inputs.ipynb #05d10720
 def _processor_rows(g, row):
-    "HF's Qwen3VLProcessor against ours on a picture and two random clips; our images against HF's torchvision backend."
+    ("HF's Qwen3VLProcessor against ours on a picture and two random clips; our images against "
+     "HF's torchvision backend.")
     from transformers import Qwen3VLProcessor, Qwen2VLImageProcessor, Qwen2VLImageProcessorPil
     try: tok, which = qwen_tokenizer(), "qwen-tokenizer's vocabulary"
-    except ValueError: tok, which = byte_tokenizer(), "a byte-level tokenizer (no qwen-tokenizer here)"
+    except ValueError:
+        tok, which = byte_tokenizer(), "a byte-level tokenizer (no qwen-tokenizer here)"
     names = dict(image_token_id="<|image_pad|>", video_token_id="<|video_pad|>",
                  vision_start_token_id="<|vision_start|>", vision_end_token_id="<|vision_end|>")
-    cfg = replace(EncoderConfig(selected_layer=1), **{k: tok.convert_tokens_to_ids(t) for k, t in names.items()})
+    ids = {k: tok.convert_tokens_to_ids(t) for k, t in names.items()}
+    cfg = replace(EncoderConfig(selected_layer=1), **ids)
     ours = Processor(tok, cfg, IMAGE, VIDEO, source=which)
     hfp = Qwen3VLProcessor(image_processor=Qwen2VLImageProcessorPil(**_hf_settings(IMAGE)),
                            tokenizer=tok.to_transformers(), video_processor=_hf_video(VIDEO))
-    clips, pics = [_random_clip(g, 6, 96, 128), _random_clip(g, 3, 64, 64)], [_random_clip(g, 1, 300, 200)[0]]
+    clips = [_random_clip(g, 6, 96, 128), _random_clip(g, 3, 64, 64)]
+    pics = [_random_clip(g, 1, 300, 200)[0]]
     text = "Describe what happens in these videos."
     mine = ours(text, images=pics, videos=[list(c) for c in clips])
-    theirs = hfp(text=[ours.prompt(text, 1, 2)], images=[Image.fromarray(p) for p in pics], videos=clips,
-                 video_metadata=[_meta(len(c)) for c in clips], do_sample_frames=False, return_tensors="pt")
+    theirs = hfp(text=[ours.prompt(text, 1, 2)], images=[Image.fromarray(p) for p in pics],
+                 videos=clips, video_metadata=[_meta(len(c)) for c in clips],
+                 do_sample_frames=False, return_tensors="pt")
     for k in mine:
         a, b = mine[k], theirs[k][0] if k == "input_ids" else theirs[k]
         row(f"processor, {which}", k, a.shape == b.shape and torch.equal(a, b), f"{list(a.shape)}")
@@ -465,8 +568,10 @@ def _processor_rows(g, row):
     row("image vs HF's torchvision backend (report only)", "pixel_values", True,
         f"max |diff| {d.max().item():.4g}, {(d > 0).float().mean().item():.2%} of values differ")
 
+# %% ../nbs/11_inputs.ipynb #2e4f94b6
 def check_video_against_hf(out=None, seed: int | None = None) -> bool:
-    "Compare videos (pixels, grids, sampling, placeholders) and report images against transformers; True when equal."
+    ("Compare videos (pixels, grids, sampling, placeholders) and report images against "
+     "transformers; True when equal.")
     import transformers
     seed = int(np.random.SeedSequence().entropy % 2**32) if seed is None else seed
     g, lines, ok = np.random.default_rng(seed), [], True
@@ -475,17 +580,21 @@ def check_video_against_hf(out=None, seed: int | None = None) -> bool:
         ok &= bool(equal)
         lines.append(f"{name} | {what} | {'equal' if equal else 'DIFFERENT'} | {detail}")
         print(lines[-1], flush=True)
-    def attempt(name, fn, *args):   # a failure (another transformers version's API) is a row, not the end of the run
+    # a failure (another transformers version's API) is a row, not the end of the run
+    def attempt(name, fn, *args):
         try: fn(*args)
-        except Exception as e: row(name, "error", False, f"{type(e).__name__}: {' '.join(str(e).split())[:300]}")
+        except Exception as e:
+            row(name, "error", False, f"{type(e).__name__}: {' '.join(str(e).split())[:300]}")
     if importlib.util.find_spec("torchvision") is None:
-        print("FAIL: transformers' video processor needs torchvision, not installed here: run this where it is")
+        print("FAIL: transformers' video processor needs torchvision, not installed here: run this "
+              "where it is")
         return False
     for name, *case in VIDEO_CASES: attempt(name, _video_rows, g, row, name, *case)
     for total, rate in ((100, 25.0), (10, 25.0), (3, 30.0), (901, 29.97), (7, 2.0), (20000, 24.0)):
         attempt(f"sample {total} frames at {rate} fps", _sampling_rows, row, total, rate)
     attempt("processor", _processor_rows, g, row)
-    verdict = "PASS: our video pixels, grids, sampling and placeholders equal transformers'" if ok else "FAIL"
+    verdict = ("PASS: our video pixels, grids, sampling and placeholders equal transformers'"
+               if ok else "FAIL")
     print(verdict)
     head = [f"transformers {transformers.__version__}, torch {torch.__version__}, seed {seed}",
             "case | what | verdict | detail"]

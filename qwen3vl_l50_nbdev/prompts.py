@@ -22,105 +22,135 @@ from .rope import rope_index
 
 # %% ../nbs/11a_prompts.ipynb #b08092b1
 class Prompt(NamedTuple):
-    ("One line of a prompts file: its id, text, picture and video files (absolute), and where it is (`file:line`); "
-     "or its `input_ids`.")
+    ("One line of a prompts file: its id, text, picture and video files (absolute), and where it "
+     "is (`file:line`); or its `input_ids`.")
     id: str
     text: str
     images: tuple
     videos: tuple
     where: str
-    input_ids: tuple | None = None   # a pre-tokenized prompt: its token ids (then no text, pictures or videos)
+    # a pre-tokenized prompt: its token ids (then no text, pictures or videos)
+    input_ids: tuple | None = None
 
 PROMPT_KEYS = ("id", "text", "images", "videos", "input_ids")
 
+# %% ../nbs/11a_prompts.ipynb #e6a9dbe7
 def _files_of(d: dict, key: str, base: Path, where: str) -> tuple:
-    "The files of `d[key]` (a list of paths relative to `base`), each checked to be a readable file."
+    ("The files of `d[key]` (a list of paths relative to `base`), each checked to be a readable "
+     "file.")
     v = d.get(key, [])
     if not isinstance(v, list) or not all(isinstance(f, str) and f for f in v):
-        raise ValueError(f'{where}: "{key}" must be a list of file paths (relative to the prompts file), got {v!r}')
+        raise ValueError(f'{where}: "{key}" must be a list of file paths (relative to the prompts '
+                         f"file), got {v!r}")
     out = []
     for f in v:
         p, what = base / f, f"{where}: {key[:-1]} {f}"
         if re.match(r"[A-Za-z][A-Za-z0-9+.-]*://", f):
-            raise ValueError(f"{what}: a URL: URLs are not supported; download it and give its path (relative to the "
-                             "prompts file)")
+            raise ValueError(f"{what}: a URL: URLs are not supported; download it and give its "
+                             "path (relative to the prompts file)")
         if p.is_dir(): raise ValueError(f"{what}: a directory ({p}), not a {key[:-1]} file")
         if not p.is_file(): raise ValueError(f"{what}: no such file ({p})")
-        if not os.access(p, os.R_OK): raise ValueError(f"{what}: not readable ({p}): fix its permissions")
+        if not os.access(p, os.R_OK):
+            raise ValueError(f"{what}: not readable ({p}): fix its permissions")
         out.append(p)
     return tuple(out)
 
 # %% ../nbs/11a_prompts.ipynb #e2d3c4b5
-_NOT_FILES = ((stat.S_ISDIR, "a directory"), (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
-              (stat.S_ISFIFO, "a named pipe (FIFO)"), (stat.S_ISSOCK, "a socket"))
+_NOT_FILES = ((stat.S_ISDIR, "a directory"), (stat.S_ISCHR, "a character device"),
+              (stat.S_ISBLK, "a block device"), (stat.S_ISFIFO, "a named pipe (FIFO)"),
+              (stat.S_ISSOCK, "a socket"))
 
 def _prompts_bytes(p: Path) -> bytes:
-    "The bytes of prompts file `p`; a `ValueError` saying what `p` is when it is not a readable regular file."
+    ("The bytes of prompts file `p`; a `ValueError` saying what `p` is when it is not a readable "
+     "regular file.")
     try: mode = os.stat(p).st_mode
     except FileNotFoundError:
-        raise ValueError(f"--prompts {p}: no such file (a JSON Lines file, one prompt a line)") from None
+        raise ValueError(f"--prompts {p}: no such file (a JSON Lines file, one prompt a "
+                         "line)") from None
     except OSError as e: raise ValueError(f"--prompts {p}: {e.strerror}") from None
     if what := next((w for test, w in _NOT_FILES if test(mode)), None):
-        raise ValueError(f"--prompts {p} is {what}, not a file: give a prompts file (JSON Lines, Parquet or CSV)"
-                         + (" in it" if what == "a directory" else ""))
+        raise ValueError(f"--prompts {p} is {what}, not a file: give a prompts file (JSON Lines, "
+                         "Parquet or CSV)" + (" in it" if what == "a directory" else ""))
     try: return p.read_bytes()
-    except PermissionError: raise ValueError(f"--prompts {p}: permission denied: make it readable") from None
+    except PermissionError:
+        raise ValueError(f"--prompts {p}: permission denied: make it readable") from None
 
+# %% ../nbs/11a_prompts.ipynb #9d1650af
 def _text(data: bytes, p: Path, kind: str) -> str:
-    "`data` as UTF-8 text (a BOM dropped); a `ValueError` naming the first byte that makes it binary."
+    ("`data` as UTF-8 text (a BOM dropped); a `ValueError` naming the first byte that makes it "
+     "binary.")
     if (at := data.find(b"\0")) < 0:
         try: return data.decode("utf-8-sig")
         except UnicodeDecodeError as e: at = e.start + 3 * data.startswith(b"\xef\xbb\xbf")
-    raise ValueError(f"--prompts {p} cannot be read as {kind}: byte {at} is {data[at:at + 1]!r}, not UTF-8 text: is it "
-                     "a binary file?")
+    raise ValueError(f"--prompts {p} cannot be read as {kind}: byte {at} is {data[at:at + 1]!r}, "
+                     "not UTF-8 text: is it a binary file?")
 
 # %% ../nbs/11a_prompts.ipynb #b6c7d8e9
 def _prompt_id(d: dict, where: str) -> str | None:
-    "The id prompt `d` gives, as a string (a non-empty string or an integer), or None when it gives none."
+    ("The id prompt `d` gives, as a string (a non-empty string or an integer), or None when it "
+     "gives none.")
     if "id" not in d: return None
     if isinstance(v := d["id"], str) and v or is_int(v): return str(v)
     try: shown = json.dumps(v)[:60]
     except (TypeError, ValueError): shown = repr(v)[:60]
-    raise ValueError(f'{where}: "id" is {shown}: an id is a non-empty string or an integer (a prompt without one '
-                     "is named by its line number)")
+    raise ValueError(f'{where}: "id" is {shown}: an id is a non-empty string or an integer (a '
+                     "prompt without one is named by its line number)")
 
+# %% ../nbs/11a_prompts.ipynb #ca072e85
 def _same_id(pid: str, now: tuple, first: tuple) -> str:
-    "Why two prompts have id `pid`; `now` and `first` are their `(where, given)`: given, or their line number."
+    ("Why two prompts have id `pid`; `now` and `first` are their `(where, given)`: given, or their "
+     "line number.")
     unit = "row" if ":row " in now[0] else "line"
-    if first[1] and now[1]: return f"{now[0]}: id {pid!r} again (first at {first[0]}): ids must differ"
-    if not first[1]: return (f"{now[0]}: id {pid!r} again: {first[0]} has no id, so its id is its {unit} number, "
-                             f"{pid}: ids must differ: give {first[0]} an id, or this {unit} another")
-    return (f"{now[0]}: this {unit} has no id, so its id is its {unit} number, {pid}, which {first[0]} gives as its "
-            f"id: ids must differ: give this {unit} an id, or {first[0]} another")
+    if first[1] and now[1]:
+        return f"{now[0]}: id {pid!r} again (first at {first[0]}): ids must differ"
+    if not first[1]:
+        return (f"{now[0]}: id {pid!r} again: {first[0]} has no id, so its id is its {unit} "
+                f"number, {pid}: ids must differ: give {first[0]} an id, or this {unit} another")
+    return (f"{now[0]}: this {unit} has no id, so its id is its {unit} number, {pid}, which "
+            f"{first[0]} gives as its id: ids must differ: give this {unit} an id, or {first[0]} "
+            "another")
 
 # %% ../nbs/11a_prompts.ipynb #a24b72d1
 TABLES = (".parquet", ".csv")   # prompts as a table: a row a prompt, PROMPT_KEYS' columns
 
 def _cell(v, key: str, where: str):
-    "A table cell as a JSON line's value: lists from Parquet's arrays or CSV's JSON text; missing for empty or null."
-    if hasattr(v, "tolist"): v = v.tolist()                     # Parquet list columns come as arrays
+    ("A table cell as a JSON line's value: lists from Parquet's arrays or CSV's JSON text; missing "
+     "for empty or null.")
+    if hasattr(v, "tolist"): v = v.tolist()   # Parquet list columns come as arrays
     if v is None or v == "" or isinstance(v, float) and v != v: return None
     if isinstance(v, str) and key in ("images", "videos", "input_ids"):
-        if not v.lstrip().startswith("["): return [v] if key != "input_ids" else v   # one path; ids must be a list
+        # one path; ids must be a list
+        if not v.lstrip().startswith("["): return [v] if key != "input_ids" else v
         try: return json.loads(v)
-        except json.JSONDecodeError as e: raise ValueError(f'{where}: "{key}" is not a JSON list ({e.msg})') from None
+        except json.JSONDecodeError as e:
+            raise ValueError(f'{where}: "{key}" is not a JSON list ({e.msg})') from None
     return v
 
+# %% ../nbs/11a_prompts.ipynb #09fdcc5e
 def _records(p: Path):
-    "`(where, object)` of every prompt of `p`: a JSON Lines file's lines, or a Parquet or CSV table's rows."
-    data, kind = _prompts_bytes(p), {".parquet": "Parquet", ".csv": "CSV"}.get(p.suffix.lower(), "JSON Lines")
+    ("`(where, object)` of every prompt of `p`: a JSON Lines file's lines, or a Parquet or CSV "
+     "table's rows.")
+    data = _prompts_bytes(p)
+    kind = {".parquet": "Parquet", ".csv": "CSV"}.get(p.suffix.lower(), "JSON Lines")
     if kind != "JSON Lines":
         import pandas as pd
-        try: df = (pd.read_parquet(io.BytesIO(data)) if kind == "Parquet"   # CSV: text as it is, "" for empty
-                   else pd.read_csv(io.StringIO(_text(data, p, kind)), dtype=str, keep_default_na=False))
+        try:
+            if kind == "Parquet": df = pd.read_parquet(io.BytesIO(data))
+            else:   # CSV: text as it is, "" for empty
+                text = _text(data, p, kind)
+                df = pd.read_csv(io.StringIO(text), dtype=str, keep_default_na=False)
         except Exception as e:
             if isinstance(e, ValueError) and str(e).startswith("--prompts"): raise
             raise ValueError(f"--prompts {p} could not be read as a {kind} table ({e})") from None
-        for i, row in enumerate(df.to_dict("records"), 1):   # a row, not a line: a CSV field may span lines
-            where = f"{p}:row {i}"   # an empty or null id stays, to be refused: a row gives every column
-            yield where, {k: c for k, v in row.items() if (c := _cell(v, str(k), where)) is not None or k == "id"}
+        # a row, not a line: a CSV field may span lines
+        for i, row in enumerate(df.to_dict("records"), 1):
+            # an empty or null id stays, to be refused: a row gives every column
+            where = f"{p}:row {i}"
+            yield where, {k: c for k, v in row.items()
+                          if (c := _cell(v, str(k), where)) is not None or k == "id"}
         return
-    for n, line in enumerate(_text(data, p, kind).split("\n"), 1):   # JSON escapes newlines, not U+2028
+    # JSON escapes newlines, not U+2028
+    for n, line in enumerate(_text(data, p, kind).split("\n"), 1):
         where = f"{p}:{n}"
         if not line.strip(): continue
         try: yield where, json.loads(line)
@@ -128,17 +158,37 @@ def _records(p: Path):
             raise ValueError(f"{where}: not JSON ({e.msg}, column {e.colno}): one object a line, "
                              '{"id": ..., "text": ..., "images": [...], "videos": [...]}') from None
 
+# %% ../nbs/11a_prompts.ipynb #ec94fe32
+def _pretokenized(d: dict, pid: str, where: str) -> Prompt:
+    "A line with `input_ids`: a non-empty list of token ids, alone (no text, pictures or videos)."
+    if also := [k for k in ("text", "images", "videos") if k in d]:
+        raise ValueError(f'{where}: "input_ids" and {also}: a pre-tokenized prompt is its ids '
+                         "alone; give one or the other")
+    ids = d["input_ids"]
+    what = (f'{where}: "input_ids" must be a non-empty list of token ids (integers >= 0, below '
+            "the ")
+    if not isinstance(ids, list) or not ids:
+        raise ValueError(f"{what}vocabulary's size), got {str(ids)[:80]}")
+    token = lambda v: is_int(v) and 0 <= v < 2 ** 63
+    if bad := next(((i, v) for i, v in enumerate(ids) if not token(v)), None):
+        raise ValueError(f"{what}vocabulary's size): input_ids[{bad[0]}] is {str(bad[1])[:40]}")
+    return Prompt(pid, "", (), (), where, tuple(ids))
+
+# %% ../nbs/11a_prompts.ipynb #7c61d8c6
 def read_prompts(path) -> list[Prompt]:
-    ("Every prompt of a JSON Lines file (or a Parquet or CSV table, a row a prompt), each checked (keys, id, `text`, "
-     "files there); errors name `file:line` (`file:row N` in a table).")
+    ("Every prompt of a JSON Lines file (or a Parquet or CSV table, a row a prompt), each checked "
+     "(keys, id, `text`, files there); errors name `file:line` (`file:row N` in a table).")
     p = Path(path)
     out, seen = [], {}   # id: (where, given)
     for where, d in _records(p):
-        if not isinstance(d, dict): raise ValueError(f"{where}: a JSON {type(d).__name__}, not an object with \"text\"")
+        if not isinstance(d, dict):
+            raise ValueError(f"{where}: a JSON {type(d).__name__}, not an object with \"text\"")
         if unknown := sorted(set(d) - set(PROMPT_KEYS)):
-            raise ValueError(f"{where}: unknown key(s) {unknown}: a prompt has {', '.join(PROMPT_KEYS)}")
+            raise ValueError(f"{where}: unknown key(s) {unknown}: a prompt has "
+                             f"{', '.join(PROMPT_KEYS)}")
         given = _prompt_id(d, where)
-        pid = where.rpartition(":")[2].removeprefix("row ") if given is None else given   # no id: its line number
+        # no id: its line number
+        pid = where.rpartition(":")[2].removeprefix("row ") if given is None else given
         if "input_ids" in d: out.append(_pretokenized(d, pid, where))
         elif not isinstance(d.get("text"), str):
             raise ValueError(f'{where}: no "text" (a string)' if "text" not in d
@@ -147,34 +197,29 @@ def read_prompts(path) -> list[Prompt]:
                                 _files_of(d, "videos", p.parent, where), where))
         if pid in seen: raise ValueError(_same_id(pid, (where, given is not None), seen[pid]))
         seen[pid] = (where, given is not None)
-    if not out: raise ValueError(f"--prompts {p}: no prompts in it (one JSON object a line, or a table's rows)")
+    if not out:
+        raise ValueError(f"--prompts {p}: no prompts in it (one JSON object a line, or a table's "
+                         "rows)")
     return out
-
-def _pretokenized(d: dict, pid: str, where: str) -> Prompt:
-    "A line with `input_ids`: a non-empty list of token ids, alone (no text, pictures or videos)."
-    if also := [k for k in ("text", "images", "videos") if k in d]:
-        raise ValueError(f'{where}: "input_ids" and {also}: a pre-tokenized prompt is its ids alone; give one or the '
-                         "other")
-    ids, what = d["input_ids"], f'{where}: "input_ids" must be a non-empty list of token ids (integers >= 0, below the '
-    if not isinstance(ids, list) or not ids: raise ValueError(f"{what}vocabulary's size), got {str(ids)[:80]}")
-    if bad := next(((i, v) for i, v in enumerate(ids) if not (is_int(v) and 0 <= v < 2 ** 63)), None):
-        raise ValueError(f"{what}vocabulary's size): input_ids[{bad[0]}] is {str(bad[1])[:40]}")
-    return Prompt(pid, "", (), (), where, tuple(ids))
 
 # %% ../nbs/11a_prompts.ipynb #e9f0a1b2
 def _check_positions(q: Prompt, x: dict, cfg: EncoderConfig):
-    "Warn, naming prompt `q`, when its inputs `x` span more positions than the model was trained on."
+    ("Warn, naming prompt `q`, when its inputs `x` span more positions than the model was trained "
+     "on.")
     n, most = len(x["input_ids"]), cfg.text.max_position_embeddings
-    if n > most and (x["image_grid_thw"] is not None or x["video_grid_thw"] is not None):   # fewer positions
+    # an image or a video: fewer positions than tokens
+    if n > most and (x["image_grid_thw"] is not None or x["video_grid_thw"] is not None):
         n = int(rope_index(x["input_ids"], cfg, x["image_grid_thw"], x["video_grid_thw"]).max()) + 1
     if n > most:
-        warnings.warn(f"{q.where}: prompt {q.id!r} spans {n:,} positions, past the {most:,} the model was trained on "
-                      "(config.json max_position_embeddings): it is encoded, RoPE extrapolating, as transformers does; "
-                      "expect its quality to suffer")   # said once a process, wherever called from
+        # said once a process, wherever called from
+        warnings.warn(f"{q.where}: prompt {q.id!r} spans {n:,} positions, past the {most:,} the "
+                      "model was trained on (config.json max_position_embeddings): it is encoded, "
+                      "RoPE extrapolating, as transformers does; expect its quality to suffer")
 
 # %% ../nbs/11a_prompts.ipynb #57402244
 def process_prompt(q: Prompt, proc: Processor, cfg: EncoderConfig) -> dict:
-    "`encode`'s inputs of `q`: through `proc` (chat template), or its `input_ids`; checked, errors name `file:line`."
+    ("`encode`'s inputs of `q`: through `proc` (chat template), or its `input_ids`; checked, "
+     "errors name `file:line`.")
     try:
         x = (as_prompt(cfg, torch.tensor(q.input_ids)) if q.input_ids is not None
              else as_prompt(cfg, **proc(q.text, images=list(q.images), videos=list(q.videos))))
@@ -182,6 +227,7 @@ def process_prompt(q: Prompt, proc: Processor, cfg: EncoderConfig) -> dict:
     _check_positions(q, x, cfg)
     return {k: v for k, v in x.items() if v is not None}
 
+# %% ../nbs/11a_prompts.ipynb #823d414d
 def process_prompts(prompts: list[Prompt], proc: Processor, cfg: EncoderConfig) -> dict[str, dict]:
     "`{id: encode inputs}` of every prompt (`process_prompt`)."
     return {q.id: process_prompt(q, proc, cfg) for q in prompts}

