@@ -28,6 +28,7 @@ from qwen3vl_l50_nbdev.encoder import Encoder
 from qwen3vl_l50_nbdev.inputs import Processor
 T.append(("import package", time.time()))
 x = Processor.from_pretrained(a["model"])(a["prompt"]); T.append(("tokenizer", time.time()))
+if a["device"].startswith("cuda"): torch.zeros(1, device=a["device"]); T.append(("cuda init", time.time()))
 enc = Encoder.from_pretrained(a["model"], selected_layer=a["layer"], mode=a["mode"], device=a["device"],
                               progress=False)
 sync = torch.cuda.synchronize if enc.device.type == "cuda" else (lambda: None)
@@ -62,6 +63,7 @@ import json, sys, time; T = [("start", time.time())]; a = json.loads(sys.argv[1]
 import torch; T.append(("import torch", time.time()))
 from transformers import AutoConfig, Qwen3VLModel
 T.append(("import transformers", time.time()))
+if a["device"].startswith("cuda"): torch.zeros(1, device=a["device"]); T.append(("cuda init", time.time()))
 c = AutoConfig.from_pretrained(a["model"]); c.text_config.num_hidden_layers = a["layer"]
 m = Qwen3VLModel.from_pretrained(a["model"], config=c, dtype=torch.bfloat16, device_map=a["device"]).eval()
 sync = torch.cuda.synchronize if a["device"].startswith("cuda") else (lambda: None)
