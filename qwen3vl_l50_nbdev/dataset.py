@@ -283,13 +283,15 @@ def on_host(embs: dict, device, ready=None) -> dict:
         return {i: t.to("cpu") for i, t in embs.items()}   # each copy waits for its own stream only
 
 def write_shard(out, k: int, batch: list[Item], embs: dict, hits: set, device, marks: tuple,
-                cache: Cache | None = None, write: bool = True, job: str = "") -> Path | None:
+                cache: Cache | None = None, write: bool = True, job: str = "", checks: bool = True) -> Path | None:
     ("Shard `k` of `out`: `embs` brought to the CPU (`on_host`, after the end of `marks`), each checked finite, the "
      "encoded ones put in `cache`, written atomically with how many came from the cache, the batch's seconds, the "
      "`job` it belongs to, the digest of its tensors and each tensor's input hash; "
-     "`write=False` (a TP group's other ranks): only the check, so that every rank stops at a bad batch.")
+     "`write=False` (a TP group's other ranks): only the check, so that every rank stops at a bad batch. "
+     "`checks=False`, for the benchmark that measures their cost: no finite check, digest or input hashes (a shard "
+     "that no reader takes).")
     embs = on_host(embs, device, None if isinstance(marks[1], float) else marks[1])
-    for it in batch:
+    for it in batch if checks else ():
         if not bool(torch.isfinite(embs[it.id]).all()):
             raise ValueError(f"the embedding of prompt {it.id!r} holds NaN or Inf; nothing was written for its shard. "
                              "The weights or inputs hold non-finite values, or the model overflows its dtype: "
@@ -299,19 +301,19 @@ def write_shard(out, k: int, batch: list[Item], embs: dict, hits: set, device, m
         for it in batch:
             if it.id not in hits: cache.put(it.hash, embs[it.id])
     embs, p = {i: t.contiguous() for i, t in embs.items()}, Path(out) / shard_name(k)
-    meta = dict(cache_hits=str(len(hits)), seconds=f"{_seconds(*marks):.6f}", job=job, digest=input_hash(embs),
-                inputs=json.dumps({it.id: it.hash for it in batch}))   # whose each tensor is
+    meta = dict(cache_hits=str(len(hits)), seconds=f"{_seconds(*marks):.6f}", job=job)
+    if checks: meta |= dict(digest=input_hash(embs), inputs=json.dumps({it.id: it.hash for it in batch}))
     try: return write_out(embs, p, metadata=meta)
     except (OSError, SafetensorError) as e:   # a full disk, say: the path and the reason, in one line
         raise ValueError(f"{p}: cannot be written ({e}): free space there or name another --out, then run the "
                          "same command again") from None
 
 def encode_batches(enc: Encoder, batches: dict[int, list[Item]], inputs, mode: str, out,
-                   cache: Cache | None = None, job: str = "") -> None:
+                   cache: Cache | None = None, job: str = "", checks: bool = True) -> None:
     ("Each of `batches` (`{k: items}`, in order) encoded into its shard `k` of `out` (by rank 0 of the TP group), as a "
      "pipeline: while the device encodes a batch, one thread prepares the next batch's inputs and another brings the "
      "last one's embeddings to the host and writes its shard (one in flight: two batches' embeddings in memory). "
-     "A shard's seconds are its batch's on the device (CUDA events), or on the host clock.")
+     "A shard's seconds are its batch's on the device (CUDA events), or on the host clock; `checks`: `write_shard`'s.")
     ks = list(batches)
     prepare = lambda k: {it.index: inputs(it) for it in batches[k]}
     with ThreadPoolExecutor(1) as reader, ThreadPoolExecutor(1) as writer:
@@ -323,8 +325,9 @@ def encode_batches(enc: Encoder, batches: dict[int, list[Item]], inputs, mode: s
             embs, hits = run_batch(enc, batches[k], lambda it: xs[it.index], mode, cache)
             marks = (start, _mark(enc.device))
             if writing: writing.result()   # the last shard is written (or its error raised here)
+            # the group's other ranks check, not write
             writing = writer.submit(write_shard, out, k, batches[k], embs, hits, enc.device, marks, cache,
-                                    write=enc.group.rank == 0, job=job)   # the group's other ranks check, not write
+                                    write=enc.group.rank == 0, job=job, checks=checks)
         if writing: writing.result()
 
 # %% ../nbs/15_dataset.ipynb #94d31fea

@@ -17,7 +17,7 @@ import torch
 import pandas as pd
 from safetensors import safe_open
 from ..config import EncoderConfig, qwen3vl_32b, tiny
-from ..dataset import Item, input_hash, plan_batches, encode_batches
+from ..dataset import Item, input_hash, plan_batches, encode_batches, check_shards
 from ..fp8 import quantize_model_
 from ..fast import apply_fast, warmup
 from ..metrics import diff_row
@@ -56,13 +56,16 @@ def one_at_a_time(enc):
 def hf_loop(hf, cfg, device, to_host):
     return lambda xs: [hf_forward(hf, cfg, x, device, to_host) for x in xs]
 
-def dataset_job(enc, batch_tokens: int, out_dir):
+def dataset_job(enc, batch_tokens: int, out_dir, checks: bool = True):
     ("The job's loop over `xs` in fast mode: plan (hashes, batches), then `encode_batches` (inputs prepared and shards "
-     "written in threads) into a new folder of `out_dir`, which it returns.")
+     "written in threads) into a new folder of `out_dir`, which it returns; `checks`: the job's integrity checks "
+     "(each embedding finite, the shards' digests and input hashes, the shards checked at the end), or none.")
     def run(xs):
         d = Path(tempfile.mkdtemp(dir=out_dir))
         items = [Item(i, str(i), len(x["input_ids"]), input_hash(x)) for i, x in enumerate(xs)]
-        encode_batches(enc, dict(enumerate(plan_batches(items, batch_tokens))), lambda it: xs[it.index], "fast", d)
+        batches = plan_batches(items, batch_tokens)
+        encode_batches(enc, dict(enumerate(batches)), lambda it: xs[it.index], "fast", d, checks=checks)
+        if checks: check_shards(d, batches, job="")
         return d
     return run
 
@@ -79,7 +82,8 @@ def read_shards(d: Path, n: int) -> tuple[list[torch.Tensor], float]:
 def run(cfg: EncoderConfig, n: int, device, batch_tokens=(8192,), fp8: bool = True, hf: bool = True,
         seed: int = 0, log=print, partial=None) -> pd.DataFrame:
     ("Every method over the same `n` prompts; a row each: seconds, tokens/s, share of the GEMM-bound limit. "
-     "`batch_tokens`: encode-dataset's budgets, bf16 at each (the first is the FP8 run's too); `partial(rows)` after "
+     "`batch_tokens`: encode-dataset's budgets, bf16 at each (the first is the FP8 run's and the unchecked run's "
+     "too); `partial(rows)` after "
      "each method: what is measured survives a run stopped by a time limit.")
     t0 = time.time()
     xs = prompt_mix(cfg, n, seed, patches=(256, 1024) if cfg.text.hidden_size >= 1024 else (16, 64))
@@ -113,7 +117,10 @@ def run(cfg: EncoderConfig, n: int, device, batch_tokens=(8192,), fp8: bool = Tr
                                                                                           enc.to_host))
         hf_model = None   # its memory, for FP8's copies
         free_memory(device)
-        for b in batch_tokens: measure(name("bf16", b), dataset_job(fast, b, d), b)
+        for b in batch_tokens:
+            measure(name("bf16", b), dataset_job(fast, b, d), b)
+            if b == batch_tokens[0]:   # the integrity checks' cost: the same job without them, right after
+                measure(name("bf16", b) + " unchecked", dataset_job(fast, b, d, checks=False), b)
         if fp8:   # as speed.run: both encoders' decoders in FP8, one copy, the fast runners (graphs) made anew
             for e in (enc, fast): quantize_model_(e.text)
             fast.load_state_dict(enc.state_dict(), assign=True)
@@ -129,14 +136,17 @@ def run(cfg: EncoderConfig, n: int, device, batch_tokens=(8192,), fp8: bool = Tr
                      dataset_vs_encode_rel_l2_max=max(err), wall_s=time.time() - t0)
 
 # %% ../../nbs/analysis/07a_dataset_bench.ipynb #d867e780
-TARGETS = {"bf16 of the GEMM-bound limit": 0.8, "FP8 / bf16": 1.5, "2 replicas / 1": 1.9}   # the goals
+TARGETS = {"bf16 of the GEMM-bound limit": 0.8, "FP8 / bf16": 1.5, "2 replicas / 1": 1.9,   # the goals
+           "integrity checks: checked / unchecked": 0.98}
 
 def targets(df: pd.DataFrame) -> pd.DataFrame:
     "The issue's targets, each with its measured value (NaN: not measured in this run) and whether it is met."
     t = df.set_index("method").tokens_per_s
     got = {"bf16 of the GEMM-bound limit": df.set_index("method").of_limit.get("encode-dataset fast bf16"),
            "FP8 / bf16": t.get("encode-dataset fast FP8", float("nan")) / t.get("encode-dataset fast bf16"),
-           "2 replicas / 1": t.get("encode-dataset fast bf16 x2", float("nan")) / t.get("encode-dataset fast bf16")}
+           "2 replicas / 1": t.get("encode-dataset fast bf16 x2", float("nan")) / t.get("encode-dataset fast bf16"),
+           "integrity checks: checked / unchecked": t.get("encode-dataset fast bf16") / t.get(
+               "encode-dataset fast bf16 unchecked", float("nan"))}
     return pd.DataFrame([dict(target=k, bound=v, measured=got[k], met=bool(got[k] >= v)) for k, v in TARGETS.items()])
 
 def command(argv=None) -> int:
