@@ -207,7 +207,7 @@ def _demo_inputs(a, cfg, small: bool) -> dict:
     print(f"tokens ({len(x['input_ids'])}): {proc.show(x['input_ids'])!r}")
     return {k: v for k, v in x.items() if v is not None}
 
-RC_DIR = "QWEN3VL_L50_RC_DIR"   # set by `launch` for its ranks: where each writes its exit code
+RC_DIR = "QWEN3VL_L50_RC_DIR"   # `dist.RC_DIR`, spelled here so that the launcher imports no torch
 
 def _short(s: str, width: int = 200) -> str:
     "`s`, or its first `width` characters and how long it is."
@@ -419,7 +419,7 @@ def main(argv=None) -> int:
                            f"{a.nproc} rank(s) were stopped", file=sys.stderr)
         return rc
     import torch.distributed as dist   # here, not at the top: `--help` and the launcher import no torch
-    from qwen3vl_l50_nbdev.dist import report_once
+    from qwen3vl_l50_nbdev.dist import exit_code, report_once
     _GOT.clear()
     old = _on_signals(_interrupt)
     try:
@@ -436,10 +436,7 @@ def main(argv=None) -> int:
     finally:
         for s, h in old.items(): signal.signal(s, h)
         if dist.is_initialized(): dist.destroy_process_group()
-    if d := os.environ.get(RC_DIR):   # under `launch`: the code goes to the launcher; torchrun sees bad input as done
-        Path(d, f"rc.{os.environ.get('RANK', 0)}").write_text(str(rc))
-        if rc in (1, 2): return 0   # a verdict or bad input, said by the CLI: no launcher traceback on top
-    return rc
+    return exit_code(rc)   # under `launch`: the code goes to the launcher, and bad input is done for torchrun
 
 class Interrupted(BaseException):
     "SIGINT or SIGTERM arrived (`signum`): raised where the program is, so that `finally` blocks run."

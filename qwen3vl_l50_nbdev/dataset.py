@@ -6,9 +6,9 @@
 __all__ = ['JOB', 'MANIFEST', 'PROVENANCE', 'LOCK', 'OURS', 'NUMERICS', 'input_hash', 'Item', 'distinct', 'plan_batches',
            'assign', 'shard_name', 'prompts_digest', 'job_settings', 'job_id', 'take_lock', 'release_lock',
            'differences', 'check_dir', 'Cache', 'scan', 'encode_items', 'run_batch', 'on_host', 'write_shard',
-           'encode_batches', 'Progress', 'manifest_rows', 'shard_problem', 'check_shards', 'recheck', 'write_manifest',
-           'read_embedding', 'Embeddings', 'load_embeddings', 'Summary', 'same_kernels', 'encode_dataset',
-           'run_provenance']
+           'encode_batches', 'Progress', 'manifest_rows', 'shard_inputs', 'shard_problem', 'check_shards', 'recheck',
+           'write_manifest', 'read_embedding', 'Embeddings', 'load_embeddings', 'Summary', 'same_kernels',
+           'encode_dataset', 'run_provenance']
 
 # %% ../nbs/15_dataset.ipynb #1ea892b2
 import contextlib
@@ -34,7 +34,7 @@ from safetensors.torch import load_file
 from tqdm.auto import tqdm
 import qwen3vl_l50_nbdev
 from .config import EncoderConfig
-from .dist import encoder_group, init_world, gather_objects, is_rank0, agree
+from .dist import encoder_group, init_world, gather_objects, is_rank0, agree, report_once, exit_code
 from .encoder import Encoder
 from .loading import checkpoint_fingerprint
 from .inputs import Processor
@@ -283,13 +283,15 @@ def on_host(embs: dict, device, ready=None) -> dict:
         return {i: t.to("cpu") for i, t in embs.items()}   # each copy waits for its own stream only
 
 def write_shard(out, k: int, batch: list[Item], embs: dict, hits: set, device, marks: tuple,
-                cache: Cache | None = None, write: bool = True, job: str = "") -> Path | None:
+                cache: Cache | None = None, write: bool = True, job: str = "", checks: bool = True) -> Path | None:
     ("Shard `k` of `out`: `embs` brought to the CPU (`on_host`, after the end of `marks`), each checked finite, the "
      "encoded ones put in `cache`, written atomically with how many came from the cache, the batch's seconds, the "
-     "`job` it belongs to and the digest of its tensors; "
-     "`write=False` (a TP group's other ranks): only the check, so that every rank stops at a bad batch.")
+     "`job` it belongs to, the digest of its tensors and each tensor's input hash; "
+     "`write=False` (a TP group's other ranks): only the check, so that every rank stops at a bad batch. "
+     "`checks=False`, for the benchmark that measures their cost: no finite check, digest or input hashes (a shard "
+     "that no reader takes).")
     embs = on_host(embs, device, None if isinstance(marks[1], float) else marks[1])
-    for it in batch:
+    for it in batch if checks else ():
         if not bool(torch.isfinite(embs[it.id]).all()):
             raise ValueError(f"the embedding of prompt {it.id!r} holds NaN or Inf; nothing was written for its shard. "
                              "The weights or inputs hold non-finite values, or the model overflows its dtype: "
@@ -299,18 +301,19 @@ def write_shard(out, k: int, batch: list[Item], embs: dict, hits: set, device, m
         for it in batch:
             if it.id not in hits: cache.put(it.hash, embs[it.id])
     embs, p = {i: t.contiguous() for i, t in embs.items()}, Path(out) / shard_name(k)
-    meta = dict(cache_hits=str(len(hits)), seconds=f"{_seconds(*marks):.6f}", job=job, digest=input_hash(embs))
+    meta = dict(cache_hits=str(len(hits)), seconds=f"{_seconds(*marks):.6f}", job=job)
+    if checks: meta |= dict(digest=input_hash(embs), inputs=json.dumps({it.id: it.hash for it in batch}))
     try: return write_out(embs, p, metadata=meta)
     except (OSError, SafetensorError) as e:   # a full disk, say: the path and the reason, in one line
         raise ValueError(f"{p}: cannot be written ({e}): free space there or name another --out, then run the "
                          "same command again") from None
 
 def encode_batches(enc: Encoder, batches: dict[int, list[Item]], inputs, mode: str, out,
-                   cache: Cache | None = None, job: str = "") -> None:
+                   cache: Cache | None = None, job: str = "", checks: bool = True) -> None:
     ("Each of `batches` (`{k: items}`, in order) encoded into its shard `k` of `out` (by rank 0 of the TP group), as a "
      "pipeline: while the device encodes a batch, one thread prepares the next batch's inputs and another brings the "
      "last one's embeddings to the host and writes its shard (one in flight: two batches' embeddings in memory). "
-     "A shard's seconds are its batch's on the device (CUDA events), or on the host clock.")
+     "A shard's seconds are its batch's on the device (CUDA events), or on the host clock; `checks`: `write_shard`'s.")
     ks = list(batches)
     prepare = lambda k: {it.index: inputs(it) for it in batches[k]}
     with ThreadPoolExecutor(1) as reader, ThreadPoolExecutor(1) as writer:
@@ -322,8 +325,9 @@ def encode_batches(enc: Encoder, batches: dict[int, list[Item]], inputs, mode: s
             embs, hits = run_batch(enc, batches[k], lambda it: xs[it.index], mode, cache)
             marks = (start, _mark(enc.device))
             if writing: writing.result()   # the last shard is written (or its error raised here)
+            # the group's other ranks check, not write
             writing = writer.submit(write_shard, out, k, batches[k], embs, hits, enc.device, marks, cache,
-                                    write=enc.group.rank == 0, job=job)   # the group's other ranks check, not write
+                                    write=enc.group.rank == 0, job=job, checks=checks)
         if writing: writing.result()
 
 # %% ../nbs/15_dataset.ipynb #94d31fea
@@ -362,15 +366,23 @@ def manifest_rows(items: list[Item], batches: list[list[Item]]) -> dict[str, lis
                 tensor=[where[it.hash][1] for it in items], tokens=[it.tokens for it in items],
                 input_hash=[it.hash for it in items], line=[it.index for it in items])
 
-def shard_problem(p: Path, ids: set | None, job: str, digest: bool = True) -> str | None:
-    ("What is wrong with shard `p` of the job `job` (`job_id`) that should hold `ids` (None: any), or None: missing, "
-     "unreadable, another job's, other ids, or (`digest`: its tensors read) bytes that differ from its digest.")
+def shard_inputs(f) -> dict:
+    "The input hash of each tensor of the open shard `f`, from its header (`{}` where it has none)."
+    try: return json.loads((f.metadata() or {}).get("inputs", "{}"))
+    except ValueError: return {}
+
+def shard_problem(p: Path, inputs: dict | None, job: str, digest: bool = True) -> str | None:
+    ("What is wrong with shard `p` of the job `job` (`job_id`) that should hold `inputs` (`{id: input hash}`, None: "
+     "any), or None: missing, unreadable, another job's, other ids or inputs, a header that does not list its "
+     "tensors' inputs, or (`digest`: its tensors read) bytes that differ from its digest.")
     try:
         with safe_open(p, "pt") as f:
-            meta, keys = f.metadata() or {}, set(f.keys())
+            meta, keys, got = f.metadata() or {}, set(f.keys()), shard_inputs(f)
             if meta.get("job") != job: return "written by another job (other settings, weights or code)"
-            if ids is not None and keys != ids:
-                return f"holds {sorted(keys)[:3]}..., not its batch's {sorted(ids)[:3]}..."
+            if inputs is not None and keys != set(inputs):
+                return f"holds {sorted(keys)[:3]}..., not its batch's {sorted(inputs)[:3]}..."
+            if set(got) != keys: return "damaged: its header does not name the inputs of its tensors"
+            if inputs is not None and got != inputs: return "holds the embeddings of other inputs than its batch's"
             if digest and input_hash({k: f.get_tensor(k) for k in keys}) != meta.get("digest"):
                 return "damaged: its bytes differ from its digest"
     except FileNotFoundError: return "missing"
@@ -380,7 +392,8 @@ def shard_problem(p: Path, ids: set | None, job: str, digest: bool = True) -> st
 def check_shards(out, batches: list[list[Item]], job: str):
     "Every shard there, the job's, holding exactly its batch's ids (headers only); else `ValueError` naming it."
     for k, b in enumerate(batches):
-        if why := shard_problem(p := Path(out) / shard_name(k), {it.id for it in b}, job, digest=False):
+        p = Path(out) / shard_name(k)
+        if why := shard_problem(p, {it.id: it.hash for it in b}, job, digest=False):
             raise ValueError(f"{p}: {why}, at the end of the job (changed by another process?): run the same command "
                              "again to encode it")
 
@@ -389,7 +402,8 @@ def recheck(out, batches: list[list[Item]], job: str) -> list[str]:
      "encoded again. What was removed, and why.")
     bad = []
     for k, b in enumerate(batches):
-        if (p := Path(out) / shard_name(k)).exists() and (why := shard_problem(p, {it.id for it in b}, job)):
+        p = Path(out) / shard_name(k)
+        if p.exists() and (why := shard_problem(p, {it.id: it.hash for it in b}, job)):
             p.unlink(); bad.append(f"{p}: {why}")
     return bad
 
@@ -410,6 +424,7 @@ def read_embedding(out, shard: str, tensor: str, files: dict | None = None) -> t
     return files[shard].get_tensor(tensor)
 
 _SHARD = re.compile(r"shard-\d{5}\.safetensors")   # the only names a manifest may give: files of its own DIR
+_COLUMNS = ("id", "shard", "tensor", "tokens", "input_hash")   # what the reader reads of a manifest
 
 def _manifest(out: Path):
     "`out`'s manifest (a pyarrow Table) and its job, checked: columns, unique ids, shard names inside `out`."
@@ -418,11 +433,16 @@ def _manifest(out: Path):
     try: m = pq.read_table(out / MANIFEST)
     except (OSError, pa.ArrowException) as e:
         raise ValueError(f"{out / MANIFEST} cannot be read ({e}): run the job again with --overwrite") from None
-    if missing := {"id", "shard", "tensor", "tokens"} - set(m.column_names):
+    if missing := set(_COLUMNS) - set(m.column_names):
         raise ValueError(f"{out / MANIFEST} has no column {sorted(missing)}: not an encode-dataset manifest")
-    c = m.select(["id", "shard", "tensor", "tokens"]).to_pydict()
+    c = m.select(list(_COLUMNS)).to_pydict()
     if len(set(c["id"])) != len(c["id"]):
         raise ValueError(f"{out / MANIFEST}: the id {Counter(c['id']).most_common(1)[0][0]!r} is in two rows")
+    own = dict(zip(c["id"], zip(c["tensor"], c["input_hash"])))   # a row's tensor is its id's, or a duplicate's first
+    for i, t, h in zip(c["id"], c["tensor"], c["input_hash"]):
+        if t != i and own.get(t) != (t, h):
+            raise ValueError(f"{out / MANIFEST}: row {i!r} points at the tensor {t!r}, which is not the embedding of "
+                             "the same inputs under its own id: the manifest does not match its shards")
     if bad := [s for s in c["shard"] if not (isinstance(s, str) and _SHARD.fullmatch(s))]:
         raise ValueError(f"{out / MANIFEST} names the shard {bad[0]!r}: a manifest names only its own DIR's shards")
     return c, (m.schema.metadata or {}).get(b"job", b"").decode()
@@ -446,19 +466,21 @@ class Embeddings(Mapping):
         self._where = {i: (s, t) for i, s, t in zip(c["id"], c["shard"], c["tensor"])}
         self._files = {}
         rows = {}
-        for row in zip(c["id"], c["shard"], c["tensor"], c["tokens"]): rows.setdefault(row[1], []).append(row)
+        for row in zip(*(c[k] for k in _COLUMNS)): rows.setdefault(row[1], []).append(row)
         for s, rs in sorted(rows.items()): self._check(s, rs)
 
     def _check(self, s: str, rows: list):
-        "Shard `s` the job's, and each of its `rows` (id, shard, tensor, tokens) a `[tokens, hidden]` tensor of it."
+        ("Shard `s` the job's, and each of its `rows` (id, shard, tensor, tokens, input hash) a `[tokens, hidden]` "
+         "tensor of it, the embedding of the row's inputs (the shard's header says whose).")
         if why := shard_problem(self.out / s, None, self.job, digest=False): raise ValueError(f"{self.out / s}: {why}")
         with safe_open(self.out / s, "pt") as f:
-            keys = set(f.keys())
-            for i, _, t, n in rows:
+            keys, inputs = set(f.keys()), shard_inputs(f)
+            for i, _, t, n, h in rows:
                 shape = f.get_slice(t).get_shape() if t in keys else None
-                if shape is None or len(shape) != 2 or shape[0] != n:
-                    raise ValueError(f"{self.out / MANIFEST}: row {i!r} points at {s}:{t}, "
-                                     f"{'absent' if shape is None else tuple(shape)}, not {n} tokens: the manifest "
+                if shape is None or len(shape) != 2 or shape[0] != n or inputs.get(t) != h:
+                    what = (f"{'absent' if shape is None else tuple(shape)}, not {n} tokens" if shape is None
+                            or len(shape) != 2 or shape[0] != n else "the embedding of other inputs")
+                    raise ValueError(f"{self.out / MANIFEST}: row {i!r} points at {s}:{t}, {what}: the manifest "
                                      "does not match its shards")
 
     def __getitem__(self, pid: str) -> torch.Tensor:
@@ -487,12 +509,12 @@ def _ended(run: str, err: str | None = None):
         dist.distributed_c10d._get_default_store().set(f"qwen3vl-l50/dataset/{run}/{dist.get_rank()}",
                                                        "done" if err is None else f"failed\n{err}")
 
-def _peers(run: str) -> tuple[str | None, bool]:
-    "The first error another rank reported (or None), and whether every rank has reported its end."
+def _peers(run: str, skip: int | None = None) -> tuple[str | None, bool]:
+    "The first error a rank other than `skip` reported (or None), and whether every rank has reported its end."
     if not dist.is_initialized() or dist.get_world_size() == 1: return None, True
     store, keys = dist.distributed_c10d._get_default_store(), []
     for r in range(dist.get_world_size()):
-        if store.check([k := f"qwen3vl-l50/dataset/{run}/{r}"]):
+        if store.check([k := f"qwen3vl-l50/dataset/{run}/{r}"]) and r != skip:
             keys.append(k)
             if (v := store.get(k).decode()).startswith("failed\n"): return v.removeprefix("failed\n"), False
     return None, len(keys) == dist.get_world_size()
@@ -502,6 +524,18 @@ def _heard(seconds: float = 60):
      "it is said once.")
     try: dist.distributed_c10d._get_default_store().wait(["qwen3vl-l50/error/0"], datetime.timedelta(seconds=seconds))
     except Exception: pass   # rank 0 is busy or gone: this rank says it itself
+
+def _watch(run: str, stop: threading.Event, grace: float = 10, every: float = 0.5):
+    ("Each rank's watchdog while it encodes: once another rank has reported a failure and this one is still here "
+     "`grace` s later (blocked in a collective with the failed rank, or encoding batches no one will use), say that "
+     "error (`report_once`) and end this process at once, code 2: no rank waits for a collective's timeout.")
+    me = dist.get_rank()
+    while not stop.wait(every):
+        try: err, _ = _peers(run, skip=me)
+        except Exception: return   # the store is gone: torchrun is ending the job
+        if err is not None and not stop.wait(grace):
+            report_once(f"qwen3vl-l50 encode-dataset: error: {err}")
+            os._exit(exit_code(2))   # the main thread may be inside a collective that never returns
 
 def _wait(bar, batches: list, run: str):
     ("Rank 0: until every shard is there, or every rank has ended (a shard missing: `check_shards` names it); a "
@@ -610,6 +644,8 @@ def _encode(model, prompts_file, out, t0, dev, world, tp, cfg, numerics, proc, p
     per = Counter(it.hash for it in items)   # a batch's prompts: its inputs and their duplicates
     counts = {k: sum(per[it.hash] for it in b) for k, b in enumerate(batches)}
     run = _share(os.urandom(8).hex() if is_rank0() else None)   # this run's keys in the store
+    stop = threading.Event()   # ends the watchdog (`_watch`) when this rank leaves, done or failed
+    if world > 1: threading.Thread(target=_watch, args=(run, stop), daemon=True).start()
     with same_kernels():   # from from_pretrained's warm-up (fast mode compiles there) to the last batch
         try:
             enc = Encoder.from_pretrained(model, cfg.selected_layer, device=dev, group=group, progress=False,
@@ -622,9 +658,14 @@ def _encode(model, prompts_file, out, t0, dev, world, tp, cfg, numerics, proc, p
                 if not is_rank0(): return None
                 _wait(bar, batches, run)   # the other replicas' shards, or their errors
         except BaseException as e:   # rank 0 waits for no rank that failed
-            _ended(run, str(e) if isinstance(e, Exception) and str(e) else f"rank {rank}: {type(e).__name__}")
+            # another rank failed first: its error is the cause (this one, a collective broken by its exit, a symptom)
+            peer = _peers(run, skip=rank)[0] if isinstance(e, Exception) else None
+            mine = str(e) if isinstance(e, Exception) and str(e) else f"rank {rank}: {type(e).__name__}"
+            _ended(run, peer or mine)
             if rank and isinstance(e, Exception): _heard()
-            raise
+            if peer is None: raise
+            raise ValueError(peer) from None
+        finally: stop.set()
     secs = time.perf_counter() - t1
     check_shards(out, batches, job)
     new = [k for k in sizes if k not in done]

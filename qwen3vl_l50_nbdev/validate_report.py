@@ -4,7 +4,7 @@
 
 # %% auto #0
 __all__ = ['HF_BF16', 'REPORT_CELLS', 'verdicts', 'growth_figure', 'spread_figure', 'time_figure', 'load_results', 'output_table',
-           'report_html', 'report_notebook', 'write_report']
+           'report_html', 'write_report_file', 'report_notebook', 'write_report']
 
 # %% ../nbs/13a_validate_report.ipynb #551e2706
 import base64
@@ -176,27 +176,38 @@ REPORT_CELLS = [
              "            'world', 'date', 'ref_dtype', 'ref_seconds', 'ref_peak_gib', 'command']]"),
 ]
 
+def write_report_file(path, write) -> Path:
+    ("`write(tmp)` made `path` through `write_atomic` (the old file or the whole new one, never a part); a "
+     "`ValueError` naming `path` when it cannot be written (a full disk).")
+    try: return write_atomic(path, write)
+    except OSError as e:
+        raise ValueError(f"{path} cannot be written ({e.strerror or e}): free space there or name another "
+                         "--out") from None
+
 def report_notebook(out) -> Path:
-    ("`out`/report.ipynb: the report's cells, executed in `out` where `execnb` is installed (nbdev's executor), "
-     "else written unexecuted (run it in Jupyter).")
+    ("`out`/report.ipynb, written whole or not at all: the report's cells, executed in `out` where `execnb` is "
+     "installed (nbdev's executor), else unexecuted (run it in Jupyter).")
     nb = dict(cells=[dict(cell_type=t, id=f"c{i}", metadata={}, source=s, **(dict(outputs=[], execution_count=None)
                           if t == "code" else {})) for i, (t, s) in enumerate(REPORT_CELLS)],
               metadata=dict(kernelspec=dict(display_name="python3", language="python", name="python3")),
               nbformat=4, nbformat_minor=5)
     dst = Path(out).resolve() / "report.ipynb"
-    dst.write_text(json.dumps(nb, indent=1))
     try: from execnb.shell import CaptureShell
-    except ImportError:
+    except ImportError: CaptureShell = None
+    def write(tmp: Path):   # executed in the temp file beside `dst`, which reads results.csv beside it
+        tmp.write_text(json.dumps(nb, indent=1))
+        if CaptureShell is None: return
+        cwd = os.getcwd()
+        os.chdir(dst.parent)
+        try: CaptureShell().execute(tmp, tmp, exc_stop=True)
+        finally: os.chdir(cwd)
+    write_report_file(dst, write)
+    if CaptureShell is None:
         print(f"{dst}: written, not executed (execnb, nbdev's executor, is not installed): run it in Jupyter")
-        return dst
-    cwd = os.getcwd()
-    os.chdir(dst.parent)   # the notebook reads results.csv beside it
-    try: CaptureShell().execute(dst, dst, exc_stop=True)
-    finally: os.chdir(cwd)
     return dst
 
 def write_report(out) -> tuple[Path, Path]:
-    "`out`/report.html and `out`/report.ipynb from `out`/results.csv."
+    "`out`/report.html and `out`/report.ipynb from `out`/results.csv, each whole or not at all."
     try: import matplotlib
     except ImportError:
         print(f"matplotlib is not installed: no report (results.csv is in {out}; render it where matplotlib is, "
@@ -204,8 +215,6 @@ def write_report(out) -> tuple[Path, Path]:
         return None, None
     if "matplotlib.pyplot" not in sys.modules: matplotlib.use("Agg")   # no display on a GPU node
     df = load_results(out)
-    try: write_atomic(Path(out) / "report.html", lambda t: t.write_text(report_html(df), encoding="utf-8"))
-    except OSError as e:
-        raise ValueError(f"{Path(out) / 'report.html'} cannot be written ({e.strerror or e}): free space there or "
-                         "name another --out") from None
-    return Path(out) / "report.html", report_notebook(out)
+    html = write_report_file(Path(out) / "report.html", lambda t: t.write_text(report_html(df), encoding="utf-8"))
+    return html, report_notebook(out)
+

@@ -329,3 +329,33 @@ def test_cache_inside_out_and_a_full_disk(ckpt, mixed, tmp_path):
     assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr[-2000:]
     assert f"{tmp_path / 'full'}/shard-00000.safetensors: cannot be written" in r.stderr, r.stderr
     assert r.stderr.count("encode-dataset: error:") == 1, r.stderr
+
+
+_HOOK = '''import os, time
+if os.environ.get("RANK") == os.environ.get("FAIL_RANK"):   # this rank's shards fail: a stand-in for a lost GPU
+    import qwen3vl_l50_nbdev.dataset as d
+    def write_shard(*a, **k):
+        open(os.environ["FAIL_AT"], "w").write(repr(time.time()))
+        raise ValueError(f"rank {os.environ['RANK']} cannot go on: its device is lost")
+    d.write_shard = write_shard
+'''
+
+
+@pytest.mark.parametrize("nproc,fail", [(2, 1), (4, 3)])
+def test_failure_in_a_tp_group_ends_every_rank(nproc, fail, ckpt, long, tmp_path):
+    ("A TP-2 rank that fails (not its group's rank 0: its peer waits for it inside a collective; with 2 replicas the "
+     "other replica is busy encoding): every rank ends within 30 s of the failure, rc 2, its error said once.")
+    hook = tmp_path / "hook"; hook.mkdir(); (hook / "sitecustomize.py").write_text(_HOOK)
+    at = tmp_path / "failed-at"
+    env = ENV | dict(PYTHONPATH=os.pathsep.join([str(hook), os.environ.get("PYTHONPATH", "")]), FAIL_RANK=str(fail),
+                     FAIL_AT=str(at))
+    p = subprocess.Popen([*CLI, *args(ckpt, long, tmp_path / "o", "--batch-tokens", 6000, "--tp", 2, "--nproc",
+                                  nproc)], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try: _, err = p.communicate(timeout=240)
+    except subprocess.TimeoutExpired: pytest.fail("a rank of a TP group failed and the job did not end")
+    finally: p.kill()
+    ended = time.time()
+    assert at.exists(), "the injected failure did not happen: " + err[-2000:]
+    assert ended - float(at.read_text()) < 30, f"the job ended {ended - float(at.read_text()):.0f} s after the failure"
+    assert p.returncode == 2 and f"rank {fail} cannot go on: its device is lost" in err, err[-3000:]
+    assert err.count("cannot go on") == 1 and "Traceback" not in err, err[-3000:]

@@ -212,3 +212,35 @@ def test_report_replaced_said_interrupted_marked_full_disk_named(ckpt, prompts, 
     assert V.run_validate(args(ckpt, prompts, out)) in (0, 1)
     assert sorted(f.name for f in out.iterdir() if not f.name.startswith(".")) == ["report.html", "report.ipynb",
                                                                                   "results.csv"]
+
+
+def test_full_disk_found_before_the_run(ckpt, prompts, tmp_path):
+    ("A disk too small for the report (a file size limit) is found before the reference runs: one line, rc 2, and "
+     "no --out left behind.")
+    import resource
+    import signal
+    def small():   # larger than any file the run writes before its report, smaller than the report's estimate
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN); resource.setrlimit(resource.RLIMIT_FSIZE, (600_000, 600_000))
+    out = tmp_path / "new" / "o"
+    r = subprocess.run([*CLI, "validate", "--model", str(ckpt), "--prompts", str(prompts), "--out", str(out),
+                        "--max-pixels", "4096"], env=ENV, capture_output=True, text=True, timeout=600,
+                       preexec_fn=small)
+    assert r.returncode == 2 and f"--out {out} cannot hold the report (about" in r.stderr, r.stdout + r.stderr[-2000:]
+    assert "variants x prompts" not in r.stderr and "Traceback" not in r.stderr, r.stderr[-2000:]
+    assert not out.exists()
+
+
+def test_report_notebook_whole_or_not_at_all(tmp_path, monkeypatch):
+    "report.ipynb whose execution fails half-way: the earlier report.ipynb stays whole, no temporary file is left."
+    import shutil
+    from execnb.shell import CaptureShell
+    from qwen3vl_l50_nbdev.analysis.report import data_dir
+    shutil.copy(data_dir() / "validate_h200.csv", tmp_path / "results.csv")
+    (tmp_path / "report.ipynb").write_text("the earlier report")
+    def half(self, src, dest=None, **kw):
+        with open(dest, "a") as f: f.write("half a notebook")
+        raise RuntimeError("the kernel died")
+    monkeypatch.setattr(CaptureShell, "execute", half)
+    with pytest.raises(RuntimeError, match="the kernel died"): R.report_notebook(tmp_path)
+    assert (tmp_path / "report.ipynb").read_text() == "the earlier report"
+    assert sorted(f.name for f in tmp_path.iterdir()) == ["report.ipynb", "results.csv"]
