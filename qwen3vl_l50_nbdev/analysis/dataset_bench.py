@@ -140,7 +140,7 @@ TARGETS = {"bf16 of the GEMM-bound limit": 0.8, "FP8 / bf16": 1.5, "2 replicas /
            "integrity checks: checked / unchecked": 0.98}
 
 def targets(df: pd.DataFrame) -> pd.DataFrame:
-    "The issue's targets, each with its measured value (NaN: not measured in this run) and whether it is met."
+    "The targets, each with its measured value (NaN: not measured in this run) and whether it is met."
     t = df.set_index("method").tokens_per_s
     got = {"bf16 of the GEMM-bound limit": df.set_index("method").of_limit.get("encode-dataset fast bf16"),
            "FP8 / bf16": t.get("encode-dataset fast FP8", float("nan")) / t.get("encode-dataset fast bf16"),
