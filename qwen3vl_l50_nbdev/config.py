@@ -259,6 +259,15 @@ def to_hf(self: EncoderConfig):
                          vision_start_token_id=self.vision_start_token_id,
                          vision_end_token_id=self.vision_end_token_id)
 
+# %% ../nbs/00_config.ipynb #325491be
+def tp_sizes(t: TextConfig,  # the text decoder
+             upto: int = 64,  # the largest size to consider
+            ) -> list[int]:
+    ("Tensor-parallel sizes (up to `upto`) that divide the heads, the KV heads "
+     "and the MLP width of `t` (not the vocab).")
+    dims = (t.num_attention_heads, t.num_key_value_heads, t.intermediate_size)
+    return [n for n in range(1, upto + 1) if all(d % n == 0 for d in dims)]
+
 # %% ../nbs/00_config.ipynb #80bdf1e5
 @patch
 def validate(self: EncoderConfig, tp: int = 1) -> 'EncoderConfig':
@@ -298,15 +307,6 @@ def validate(self: EncoderConfig, tp: int = 1) -> 'EncoderConfig':
         raise ValueError(f"tensor-parallel size {tp} does not divide {bad}; "
                          f"sizes that work: {tp_sizes(t)}")
     return self
-
-# %% ../nbs/00_config.ipynb #325491be
-def tp_sizes(t: TextConfig,  # the text decoder
-             upto: int = 64,  # the largest size to consider
-            ) -> list[int]:
-    ("Tensor-parallel sizes (up to `upto`) that divide the heads, the KV heads "
-     "and the MLP width of `t` (not the vocab).")
-    dims = (t.num_attention_heads, t.num_key_value_heads, t.intermediate_size)
-    return [n for n in range(1, upto + 1) if all(d % n == 0 for d in dims)]
 
 # %% ../nbs/00_config.ipynb #3d70a066
 def qwen3vl_32b(selected_layer: int = 50,  # N: the output is the state after decoder layer N-1
