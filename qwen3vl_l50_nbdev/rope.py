@@ -130,6 +130,22 @@ def mm_token_types(input_ids: torch.Tensor,  # 1-D token ids
      "1 for an image placeholder, 2 for a video placeholder, 0 for text.")
     return (input_ids == cfg.image_token_id).long() + 2 * (input_ids == cfg.video_token_id).long()
 
+# %% ../nbs/03_rope.ipynb #c1fed520
+def _check_runs(runs: list, grids: dict, cfg: EncoderConfig):
+    ("Raise if the number of image (video-frame) placeholder runs differs "
+     "from the number of grids (frames).")
+    for k, name, key, tok in ((1, "image", "image_grid_thw", cfg.image_token_id),
+                              (2, "video", "video_grid_thw", cfg.video_token_id)):
+        n, g = sum(r == k for r, _ in runs), len(grids[k])
+        if n == g: continue
+        what = "grids" if k == 1 else "frames (temporal patches, the sum of t)"
+        hint = (f"each run of image_token_id={tok} tokens is one image" if k == 1 else
+                f"each temporal patch of a video is its own run of video_token_id={tok} tokens, "
+                "separated by text (timestamps, <vision_start>/<vision_end>) "
+                "as the HF processor writes them")
+        raise ValueError(f"{'more' if n > g else 'fewer'} {name} placeholder runs ({n}) "
+                         f"than {key} {what} ({g}): {hint}")
+
 # %% ../nbs/03_rope.ipynb #40d5866b
 def rope_index(input_ids: torch.Tensor,  # 1-D token ids, with each image's and video's placeholders
                cfg: EncoderConfig,      # placeholder token ids and `spatial_merge_size`
@@ -163,19 +179,3 @@ def rope_index(input_ids: torch.Tensor,  # 1-D token ids, with each image's and 
         out.append(torch.stack(thw).reshape(3, -1) + pos)
         pos += max(h, w)
     return torch.cat(out, 1).to(input_ids.device)
-
-# %% ../nbs/03_rope.ipynb #c1fed520
-def _check_runs(runs: list, grids: dict, cfg: EncoderConfig):
-    ("Raise if the number of image (video-frame) placeholder runs differs "
-     "from the number of grids (frames).")
-    for k, name, key, tok in ((1, "image", "image_grid_thw", cfg.image_token_id),
-                              (2, "video", "video_grid_thw", cfg.video_token_id)):
-        n, g = sum(r == k for r, _ in runs), len(grids[k])
-        if n == g: continue
-        what = "grids" if k == 1 else "frames (temporal patches, the sum of t)"
-        hint = (f"each run of image_token_id={tok} tokens is one image" if k == 1 else
-                f"each temporal patch of a video is its own run of video_token_id={tok} tokens, "
-                "separated by text (timestamps, <vision_start>/<vision_end>) "
-                "as the HF processor writes them")
-        raise ValueError(f"{'more' if n > g else 'fewer'} {name} placeholder runs ({n}) "
-                         f"than {key} {what} ({g}): {hint}")
