@@ -93,25 +93,13 @@ class Attention(nn.Module):
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                 lens: list[int] | None = None) -> torch.Tensor:
         ("`x` [seq, hidden]; `lens`: the lengths of packed prompts, "
-         "each attending causally within itself "
-         "(None: one).")
+         "each attending causally within itself (None: one).")
         return self.o_proj(self.attend(*self.qkv_proj(x), cos, sin, lens))
 
     def packed(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lens) -> torch.Tensor:
         ("`sdpa` of each packed prompt (`lens`: their lengths) within itself, "
          "one call a prompt (`attend_each`).")
         return attend_each(self.sdpa, q, k, v, lens)
-
-# %% ../nbs/05_text.ipynb #a291caa0
-@patch
-def attend(self: Attention, q, k, v, cos: torch.Tensor, sin: torch.Tensor,
-           lens: list[int] | None = None) -> torch.Tensor:
-    ("q/k norm, M-RoPE and causal attention of projected rows: [seq, heads * head_dim], "
-     "the input of `o_proj`.")
-    s = q.shape[0]
-    q, k, v = self.heads(q, k, v, cos, sin)
-    o = self.sdpa(q, k, v) if lens is None or len(lens) == 1 else self.packed(q, k, v, lens)
-    return o[0].transpose(0, 1).reshape(s, -1)   # (seq, heads * head_dim)
 
 # %% ../nbs/05_text.ipynb #1c3e76d3
 @patch
@@ -129,8 +117,18 @@ def sdpa(self: Attention, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> 
     # 4-D like HF's [batch, heads, seq, hd]:
     # on CPU, 3-D inputs take SDPA's math kernel (different bits)
     return F.scaled_dot_product_attention(q[None], k[None], v[None], is_causal=True,
-                                          scale=self.scale,
-                                          enable_gqa=self.gqa)
+                                          scale=self.scale, enable_gqa=self.gqa)
+
+# %% ../nbs/05_text.ipynb #a291caa0
+@patch
+def attend(self: Attention, q, k, v, cos: torch.Tensor, sin: torch.Tensor,
+           lens: list[int] | None = None) -> torch.Tensor:
+    ("q/k norm, M-RoPE and causal attention of projected rows: [seq, heads * head_dim], "
+     "the input of `o_proj`.")
+    s = q.shape[0]
+    q, k, v = self.heads(q, k, v, cos, sin)
+    o = self.sdpa(q, k, v) if lens is None or len(lens) == 1 else self.packed(q, k, v, lens)
+    return o[0].transpose(0, 1).reshape(s, -1)   # (seq, heads * head_dim)
 
 # %% ../nbs/05_text.ipynb #cd831bb7
 class MLP(nn.Module):
@@ -167,8 +165,7 @@ class DecoderLayer(nn.Module):
         self.mlp = MLP(cfg, group, reduce, dtype, device)
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-                lens: list[int] | None = None
-                ) -> torch.Tensor:
+                lens: list[int] | None = None) -> torch.Tensor:
         ("`x` [seq, hidden]; `cos`, `sin` [seq, head_dim] from `TextRotary`; "
          "`lens`: packed prompts' lengths.")
         h = x + self.self_attn(self.input_layernorm(x), cos, sin, lens)
