@@ -323,13 +323,12 @@ def tiny(selected_layer: int = 3,     # N (of 4 decoder layers, unless `text` ch
     ("A tiny random-weight Qwen3-VL for CPU tests; "
      "override any field through `text`, `vision` or `kw`.")
     t = replace(TextConfig(vocab_size=1024, hidden_size=64, intermediate_size=128,
-                           num_hidden_layers=4,
-                           num_attention_heads=8, num_key_value_heads=4, head_dim=16,
-                           rope_theta=10000.0, mrope_section=(2, 3, 3)), **(text or {}))
+                           num_hidden_layers=4, num_attention_heads=8, num_key_value_heads=4,
+                           head_dim=16, rope_theta=10000.0, mrope_section=(2, 3, 3)),
+                **(text or {}))
     v = replace(VisionConfig(depth=3, hidden_size=32, intermediate_size=64, num_heads=4,
                              out_hidden_size=t.hidden_size, patch_size=4,
-                             num_position_embeddings=64,
-                             deepstack_visual_indexes=(0, 2)),
+                             num_position_embeddings=64, deepstack_visual_indexes=(0, 2)),
                 **(vision or {}))
     ids = dict(image_token_id=1000, video_token_id=1001, vision_start_token_id=1002,
                vision_end_token_id=1003) | kw
