@@ -48,8 +48,7 @@ class Numerics:
     def kwargs(self) -> dict:
         "These settings as the keyword arguments of `Encoder.from_pretrained`."
         return dict(dtype=self.torch_dtype, reduce=self.reduce, quant=self.quant,
-                    fp8_granularity=self.fp8_granularity,
-                    fp8_act=self.fp8_act, mode=self.mode)
+                    fp8_granularity=self.fp8_granularity, fp8_act=self.fp8_act, mode=self.mode)
 
     @classmethod
     def from_args(cls, a) -> "Numerics":
