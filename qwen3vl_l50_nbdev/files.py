@@ -32,8 +32,7 @@ def check_out(path) -> Path:
         raise ValueError(f"--out {p}: the directory {t.parent} does not exist: create it first")
     if not os.access(t.parent, os.W_OK | os.X_OK):
         raise ValueError(f"--out {p}: the directory {t.parent} is not writable: "
-                         "choose another place "
-                         "or fix its permissions")
+                         "choose another place or fix its permissions")
     if t.exists() and not os.access(t, os.W_OK):
         raise ValueError(f"--out {p}{via} is read-only: remove it or make it writable")
     return t
