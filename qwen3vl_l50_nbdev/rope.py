@@ -33,8 +33,7 @@ class TextRotary(nn.Module):
         super().__init__()
         if not cfg.mrope_interleaved:
             raise ValueError("mrope_interleaved=False (Qwen2-VL's chunked M-RoPE) "
-                             "is not Qwen3-VL's layout; "
-                             "transformers' Qwen3-VL always interleaves")
+                             "is not Qwen3-VL's layout; transformers' Qwen3-VL always interleaves")
         self.inv_freq = _inv_freq(cfg.head_dim, cfg.rope_theta)
         self.axes = mrope_axes(cfg.mrope_section)
         # linear scaling: HF's in-place division
