@@ -13,8 +13,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 from .config import VisionConfig
 from fastcore.basics import patch
-from .rope import (VisionRotary, vision_positions, apply_rotary, grid_rows,
-                                    check_grids)
+from .rope import (
+    VisionRotary, vision_positions, apply_rotary, grid_rows, check_grids)
 
 # %% ../nbs/04_vision.ipynb #ac87410a
 class PatchEmbed(nn.Module):
@@ -163,8 +163,7 @@ def check_pixels(pixel_values: torch.Tensor, grid_thw, cfg: VisionConfig,
     grids = check_grids(grid_thw, cfg.spatial_merge_size, gname)
     if (n := sum(t * h * w for t, h, w in grids)) != len(pixel_values):
         raise ValueError(f"{pv} has {len(pixel_values)} rows but {gname} {grids} "
-                         f"describes {n} patches "
-                         "(the sum of t·h·w)")
+                         f"describes {n} patches (the sum of t·h·w)")
     return grids
 
 # %% ../nbs/04_vision.ipynb #898b11bd
@@ -176,8 +175,7 @@ class VisionModel(nn.Module):
         self.cfg, self.side = cfg, math.isqrt(cfg.num_position_embeddings)
         if self.side ** 2 != cfg.num_position_embeddings:
             raise ValueError(f"num_position_embeddings={cfg.num_position_embeddings} "
-                             "must be a square "
-                             "(a side x side grid)")
+                             "must be a square (a side x side grid)")
         kw = dict(dtype=dtype, device="meta")   # allocated uninitialised below: load a state dict
         self.patch_embed = PatchEmbed(cfg, **kw)
         # given its (meta) weight: no random init,
