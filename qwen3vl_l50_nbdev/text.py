@@ -87,8 +87,7 @@ class Attention(nn.Module):
         self.q_norm = RMSNorm(hd, cfg.rms_norm_eps, dtype, device)
         self.k_norm = RMSNorm(hd, cfg.rms_norm_eps, dtype, device)
         self.o_proj = tp_layer("layers.{i}.self_attn.o_proj", nh * hd, cfg.hidden_size, g,
-                               reduce=reduce,
-                               dtype=dtype, device=device)
+                               reduce=reduce, dtype=dtype, device=device)
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                 lens: list[int] | None = None) -> torch.Tensor:
@@ -176,8 +175,7 @@ class TextModel(nn.Module):
     ("Embedding, the first `num_layers` decoder layers and M-RoPE; "
      "forward returns the unnormalized last state.")
     def __init__(self, cfg: TextConfig, num_layers: int, group: Group | None = None,
-                 reduce: str = "fp32",
-                 dtype=torch.bfloat16, device=None):
+                 reduce: str = "fp32", dtype=torch.bfloat16, device=None):
         super().__init__()
         if not 1 <= num_layers <= cfg.num_hidden_layers:
             raise ValueError(f"num_layers={num_layers}: "
