@@ -23,8 +23,8 @@ def _check_rows(mask: torch.Tensor, features: torch.Tensor, what: str):
     n = int(mask.sum())
     if features.shape[0] != n:
         raise ValueError(f"{n} {what} placeholder tokens but {features.shape[0]} {what} "
-                         "feature rows: "
-                         f"each {what} of grid (t, h, w) needs t*h*w/merge^2 placeholder tokens")
+                         f"feature rows: each {what} of grid (t, h, w) "
+                         "needs t*h*w/merge^2 placeholder tokens")
 
 # %% ../nbs/06_deepstack.ipynb #ce64cdc8
 def scatter_visual(embeds: torch.Tensor,    # token embeddings [seq, H]
