@@ -13,18 +13,20 @@ import dataclasses
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 import torch
+from fastcore.basics import patch
 
 # %% ../nbs/00_config.ipynb #a849670d
-_REQUIRED_TEXT = ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads")
-_KINDS = {int: "a positive integer", float: "a positive number", str: "a string", bool: "true or false",
-          tuple: "a list of non-negative integers"}
-
 def is_int(x) -> bool:
     "Whether `x` is an integer (a bool is not, though Python says it is an int)."
     return isinstance(x, int) and not isinstance(x, bool)
 
+# %% ../nbs/00_config.ipynb #85732ad4
+_KINDS = {int: "a positive integer", float: "a positive number", str: "a string",
+          bool: "true or false", tuple: "a list of non-negative integers"}
+
 def _fields(cls, d: dict, where: str, skip=()) -> dict:
-    "The fields of dataclass `cls` that `d` sets (None: unset), type-checked; `ValueError` naming `where.field`."
+    ("The fields of dataclass `cls` that `d` sets (None: unset), type-checked; "
+     "`ValueError` naming `where.field`.")
     kw = {}
     for f in dataclasses.fields(cls):
         if f.name in skip or d.get(f.name) is None: continue
@@ -32,22 +34,28 @@ def _fields(cls, d: dict, where: str, skip=()) -> dict:
         ok = {int: lambda: is_int(v) and v > 0,
               float: lambda: isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0,
               str: lambda: isinstance(v, str), bool: lambda: isinstance(v, bool),
-              tuple: lambda: isinstance(v, (list, tuple)) and all(is_int(x) and x >= 0 for x in v)}[want]()
-        if not ok: raise ValueError(f"{where}.{f.name} = {v!r}: must be {_KINDS[want]}; fix the config")
+              tuple: lambda: isinstance(v, (list, tuple)) and all(is_int(x) and x >= 0 for x in v),
+              }[want]()
+        if not ok:
+            raise ValueError(f"{where}.{f.name} = {v!r}: must be {_KINDS[want]}; fix the config")
         kw[f.name] = tuple(v) if want is tuple else float(v) if want is float else v
     return kw
 
-_ROPE_TYPES = ("default", "linear")   # what transformers' Qwen3-VL honours that this encoder implements
+# %% ../nbs/00_config.ipynb #ced4dcd2
+# what transformers' Qwen3-VL honours that this encoder implements
+_ROPE_TYPES = ("default", "linear")
 
 def _rope_kind(rope: dict, where: str) -> tuple[str, float]:
-    "(rope_type, factor) of a rope dict, as transformers reads it; other types refused, naming the field."
+    ("(rope_type, factor) of a rope dict, as transformers reads it; "
+     "other types refused, naming the field.")
     kind = rope.get("rope_type", rope.get("type", "default"))
     if kind not in _ROPE_TYPES:
-        raise ValueError(f"{where}.rope_type = {kind!r} is not supported: this encoder implements {list(_ROPE_TYPES)} "
+        raise ValueError(f"{where}.rope_type = {kind!r} is not supported: "
+                         f"this encoder implements {list(_ROPE_TYPES)} "
                          "(bitwise as transformers); use a checkpoint with one of them")
     if rope.get("partial_rotary_factor", 1.0) != 1.0:
-        raise ValueError(f"{where}.partial_rotary_factor = {rope['partial_rotary_factor']!r}: only 1.0 (rotary on "
-                         "the whole head) is supported")
+        raise ValueError(f"{where}.partial_rotary_factor = {rope['partial_rotary_factor']!r}: "
+                         "only 1.0 (rotary on the whole head) is supported")
     if kind == "default": return kind, 1.0
     f = rope.get("factor")
     if not isinstance(f, (int, float)) or isinstance(f, bool) or not f >= 1:
@@ -73,30 +81,38 @@ class TextConfig:
     hidden_act: str = "silu"            # the MLP's activation
     rope_type: str = "default"   # or "linear": the inverse frequencies divided by rope_factor
     rope_factor: float = 1.0            # linear rope scaling's divisor (1: none)
-    max_position_embeddings: int = 262144   # the positions it was trained on (RoPE computes any, untrained beyond)
+    # the positions it was trained on (RoPE computes any, untrained beyond)
+    max_position_embeddings: int = 262144
 
-    @classmethod
-    def from_hf(cls, d: dict, where: str = "text_config") -> 'TextConfig':
-        ("From the `text_config` dict of an HF config. The rope settings come from `rope_scaling` when it is set, else "
-         "`rope_parameters`, as in transformers; a field it does not set takes transformers' default.")
-        rope_key = "rope_scaling" if d.get("rope_scaling") else "rope_parameters"
-        rope = d.get(rope_key) or {}
-        if not isinstance(rope, dict): raise ValueError(f"{where}.{rope_key} = {rope!r}: must be an object (a dict)")
-        theta = rope.get("rope_theta", d.get("rope_theta"))
-        if theta is None: raise ValueError(f"{where} has neither rope_parameters['rope_theta'] nor rope_theta")
-        kind, factor = _rope_kind(rope, f"{where}.{rope_key}")
-        missing = [k for k in _REQUIRED_TEXT if d.get(k) is None]
-        if missing: raise ValueError(f"{where} does not set {missing}: a Qwen3-VL config.json sets them "
-                                     "(transformers' defaults are another model's): is the file complete?")
-        kw = _fields(cls, d, where,
-                     skip=("mrope_section", "rope_theta", "mrope_interleaved", "rope_type", "rope_factor"))
-        kw.setdefault("num_key_value_heads", kw["num_attention_heads"])   # transformers: MHA when unset
-        kw.setdefault("max_position_embeddings", 128000)                  # transformers' default
-        if "head_dim" in d and d["head_dim"] is None: kw["head_dim"] = kw["hidden_size"] // kw["num_attention_heads"]
-        rk = _fields(cls, dict(rope, rope_theta=theta), f"{where}.{rope_key}",
-                     skip=[f.name for f in dataclasses.fields(cls) if f.name not in ("mrope_section", "rope_theta",
-                                                                                     "mrope_interleaved")])
-        return cls(**kw, **rk, rope_type=kind, rope_factor=factor)
+# %% ../nbs/00_config.ipynb #48cc9194
+_REQUIRED_TEXT = ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads")
+_ROPE_FIELDS = ("mrope_section", "rope_theta", "mrope_interleaved")   # read from the rope dict
+
+@patch(cls_method=True)
+def from_hf(cls: TextConfig, d: dict, where: str = "text_config") -> 'TextConfig':
+    ("From the `text_config` dict of an HF config. The rope settings come from `rope_scaling` "
+     "when it is set, else `rope_parameters`, as in transformers; "
+     "a field it does not set takes transformers' default.")
+    rope_key = "rope_scaling" if d.get("rope_scaling") else "rope_parameters"
+    rope = d.get(rope_key) or {}
+    if not isinstance(rope, dict):
+        raise ValueError(f"{where}.{rope_key} = {rope!r}: must be an object (a dict)")
+    theta = rope.get("rope_theta", d.get("rope_theta"))
+    if theta is None:
+        raise ValueError(f"{where} has neither rope_parameters['rope_theta'] nor rope_theta")
+    kind, factor = _rope_kind(rope, f"{where}.{rope_key}")
+    missing = [k for k in _REQUIRED_TEXT if d.get(k) is None]
+    if missing: raise ValueError(f"{where} does not set {missing}: a Qwen3-VL config.json sets "
+                                 "them (transformers' defaults are another model's): "
+                                 "is the file complete?")
+    kw = _fields(cls, d, where, skip=(*_ROPE_FIELDS, "rope_type", "rope_factor"))
+    kw.setdefault("num_key_value_heads", kw["num_attention_heads"])   # transformers: MHA when unset
+    kw.setdefault("max_position_embeddings", 128000)                  # transformers' default
+    if "head_dim" in d and d["head_dim"] is None:
+        kw["head_dim"] = kw["hidden_size"] // kw["num_attention_heads"]
+    rk = _fields(cls, dict(rope, rope_theta=theta), f"{where}.{rope_key}",
+                 skip=[f.name for f in dataclasses.fields(cls) if f.name not in _ROPE_FIELDS])
+    return cls(**kw, **rk, rope_type=kind, rope_factor=factor)
 
 # %% ../nbs/00_config.ipynb #faf0ed56
 @dataclass(frozen=True)
@@ -125,45 +141,59 @@ class VisionConfig:
 
     @classmethod
     def from_hf(cls, d: dict, where: str = "vision_config") -> 'VisionConfig':
-        "From the `vision_config` dict of an HF config; a field it does not set takes transformers' default."
+        ("From the `vision_config` dict of an HF config; "
+         "a field it does not set takes transformers' default.")
         if d.get("out_hidden_size") is None:
-            raise ValueError(f"{where} does not set out_hidden_size (the text hidden size): is the file complete?")
+            raise ValueError(f"{where} does not set out_hidden_size (the text hidden size): "
+                             "is the file complete?")
         kw = _fields(cls, d, where, skip=("rope_theta",))
         theta = (d.get("rope_parameters") or {}).get("rope_theta", d.get("rope_theta", 10000.0))
         return cls(**kw, **_fields(cls, dict(rope_theta=theta), f"{where}.rope_parameters"))
 
 # %% ../nbs/00_config.ipynb #8fc5f466
 def path_exists(f: Path) -> bool:
-    "Whether `f` exists; `ValueError` when that can't be told (permission, symlink loop, broken link)."
+    ("Whether `f` exists; `ValueError` when that can't be told "
+     "(permission, symlink loop, broken link).")
     try: os.stat(f)
     except FileNotFoundError:
-        if os.path.islink(f): raise ValueError(f"{f} is a broken symlink (-> {os.readlink(f)}): fix the link") from None
+        if os.path.islink(f):
+            raise ValueError(f"{f} is a broken symlink (-> {os.readlink(f)}): "
+                             "fix the link") from None
         return False
-    except PermissionError: raise ValueError(f"{f}: permission denied: make it and the directories above it "
-                                             "readable") from None
-    except OSError as e: raise ValueError(f"{f}: {e.strerror} (a symlink loop, or a file where a directory "
-                                          "should be): fix the path") from None
+    except PermissionError:
+        raise ValueError(f"{f}: permission denied: "
+                         "make it and the directories above it readable") from None
+    except OSError as e:
+        raise ValueError(f"{f}: {e.strerror} (a symlink loop, or a file where a directory "
+                         "should be): fix the path") from None
     return True
 
+# %% ../nbs/00_config.ipynb #80757e16
 def read_json(f: Path) -> dict:
-    "The JSON object in file `f`; `ValueError` naming the file when it is unreadable, truncated or not an object."
+    ("The JSON object in file `f`; `ValueError` naming the file when it is unreadable, "
+     "truncated or not an object.")
     try: d = json.loads(Path(f).read_bytes())
     except PermissionError: raise ValueError(f"{f}: permission denied: make it readable") from None
     except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise ValueError(f"{f} is not valid JSON ({e}): is it truncated? copy or download it again") from None
+        raise ValueError(f"{f} is not valid JSON ({e}): "
+                         "is it truncated? copy or download it again") from None
     except IsADirectoryError: raise ValueError(f"{f} is a directory, not a JSON file") from None
     if not isinstance(d, dict):
-        raise ValueError(f"{f} holds a JSON {type(d).__name__}, not an object: is it the right file?")
+        raise ValueError(f"{f} holds a JSON {type(d).__name__}, not an object: "
+                         "is it the right file?")
     return d
 
+# %% ../nbs/00_config.ipynb #9947828d
 def _hf_dict(src) -> tuple[dict, str]:
-    "A plain dict and where it came from: a checkpoint dir, a config.json path, a dict, or a `transformers` config."
+    ("A plain dict and where it came from: a checkpoint dir, a config.json path, a dict, "
+     "or a `transformers` config.")
     if isinstance(src, dict): return src, "config"
     if isinstance(src, (str, Path)):
         p = Path(src)
         p = p / "config.json" if path_exists(p) and p.is_dir() else p
         if not path_exists(p):
-            raise FileNotFoundError(f"no config.json at {p}: pass an HF checkpoint directory or its config.json")
+            raise FileNotFoundError(f"no config.json at {p}: "
+                                    "pass an HF checkpoint directory or its config.json")
         return read_json(p), str(p)
     return src.to_dict(), type(src).__name__
 
@@ -181,82 +211,102 @@ class EncoderConfig:
 
     @property
     def text_id_limit(self) -> int:
-        "Token ids below this are plain text: inside the vocabulary and below every vision token id."
-        return min(self.text.vocab_size, self.image_token_id, self.video_token_id, self.vision_start_token_id,
-                   self.vision_end_token_id)
+        ("Token ids below this are plain text: "
+         "inside the vocabulary and below every vision token id.")
+        return min(self.text.vocab_size, self.image_token_id, self.video_token_id,
+                   self.vision_start_token_id, self.vision_end_token_id)
 
-    @classmethod
-    def from_hf(cls, src, selected_layer: int = 50) -> 'EncoderConfig':
-        "From a checkpoint dir, config.json, dict or `transformers` config."
-        d, where = _hf_dict(src)
-        if "text_config" not in d or "vision_config" not in d:
-            raise ValueError(f"{where}: not a Qwen3-VL config (model_type={d.get('model_type')!r}): "
-                             "it needs text_config and vision_config")
-        if bad := [k for k in ("text_config", "vision_config") if not isinstance(d[k], dict)]:
-            raise ValueError(f"{where}: {bad[0]} is {d[bad[0]]!r}, not an object: is the file complete?")
-        ids = _fields(cls, {k: v for k, v in d.items() if k.endswith("_token_id")}, where,
-                      skip=("text", "vision", "selected_layer"))
-        cfg = cls(TextConfig.from_hf(d["text_config"], f"{where}: text_config"),
-                  VisionConfig.from_hf(d["vision_config"], f"{where}: vision_config"), selected_layer, **ids)
-        return cfg.validate()
+# %% ../nbs/00_config.ipynb #004ba4a0
+@patch(cls_method=True)
+def from_hf(cls: EncoderConfig, src,  # noqa: F811 (a method: @patch)
+            selected_layer: int = 50) -> 'EncoderConfig':
+    "From a checkpoint dir, config.json, dict or `transformers` config."
+    d, where = _hf_dict(src)
+    if "text_config" not in d or "vision_config" not in d:
+        raise ValueError(f"{where}: not a Qwen3-VL config (model_type={d.get('model_type')!r}): "
+                         "it needs text_config and vision_config")
+    if bad := [k for k in ("text_config", "vision_config") if not isinstance(d[k], dict)]:
+        raise ValueError(f"{where}: {bad[0]} is {d[bad[0]]!r}, not an object: "
+                         "is the file complete?")
+    ids = _fields(cls, {k: v for k, v in d.items() if k.endswith("_token_id")}, where,
+                  skip=("text", "vision", "selected_layer"))
+    cfg = cls(TextConfig.from_hf(d["text_config"], f"{where}: text_config"),
+              VisionConfig.from_hf(d["vision_config"], f"{where}: vision_config"),
+              selected_layer, **ids)
+    return cfg.validate()
 
-    def to_hf(self):
-        "The matching `transformers.Qwen3VLConfig` (all `num_hidden_layers` layers, not only the kept ones)."
-        from transformers import Qwen3VLConfig
-        t, v = self.text, self.vision
-        text = dict(vocab_size=t.vocab_size, hidden_size=t.hidden_size, intermediate_size=t.intermediate_size,
-                    num_hidden_layers=t.num_hidden_layers, num_attention_heads=t.num_attention_heads,
-                    num_key_value_heads=t.num_key_value_heads, head_dim=t.head_dim, rms_norm_eps=t.rms_norm_eps,
-                    hidden_act=t.hidden_act, max_position_embeddings=t.max_position_embeddings,
-                    rope_parameters=dict(rope_type=t.rope_type, rope_theta=t.rope_theta,
-                    mrope_section=list(t.mrope_section), mrope_interleaved=t.mrope_interleaved,
-                    **({"factor": t.rope_factor} if t.rope_type == "linear" else {})))
-        vision = {f.name: getattr(v, f.name) for f in dataclasses.fields(v) if f.name != "rope_theta"}
-        vision.update(deepstack_visual_indexes=list(v.deepstack_visual_indexes),
-                      rope_parameters=dict(rope_type="axial", rope_theta=v.rope_theta))
-        return Qwen3VLConfig(text_config=text, vision_config=vision, image_token_id=self.image_token_id,
-                             video_token_id=self.video_token_id, vision_start_token_id=self.vision_start_token_id,
-                             vision_end_token_id=self.vision_end_token_id)
-
-    def validate(self, tp: int = 1) -> 'EncoderConfig':
-        "Check the config (and a TP size); raise `ValueError` saying what to change. Returns `self`."
-        t, v = self.text, self.vision
-        for part, name in ((t, "text"), (v, "vision")):
-            for f in dataclasses.fields(part):
-                if type(f.default) is int and not (is_int(x := getattr(part, f.name)) and x > 0):
-                    raise ValueError(f"{name}.{f.name} = {x!r}: must be a positive integer")
-        if not is_int(self.selected_layer): raise ValueError(
-            f"selected_layer = {self.selected_layer!r}: must be an integer, 1..{t.num_hidden_layers}")
-        if t.rope_type not in _ROPE_TYPES or t.rope_factor < 1 or (t.rope_type == "default" and t.rope_factor != 1):
-            raise ValueError(f"rope_type={t.rope_type!r}, rope_factor={t.rope_factor}: choose 'default' (factor 1) or "
-                             "'linear' (factor >= 1)")
-        if not 1 <= self.selected_layer <= t.num_hidden_layers:
-            raise ValueError(f"selected_layer={self.selected_layer} but the text model has {t.num_hidden_layers} "
-                             f"decoder layers: choose 1..{t.num_hidden_layers}")
-        if sum(t.mrope_section) * 2 != t.head_dim:
-            raise ValueError(f"mrope_section {list(t.mrope_section)} sums to {sum(t.mrope_section)} "
-                             f"but must sum to head_dim/2 = {t.head_dim // 2}")
-        if t.num_attention_heads % t.num_key_value_heads:
-            raise ValueError(f"num_attention_heads={t.num_attention_heads} is not a multiple of "
-                             f"num_key_value_heads={t.num_key_value_heads}")
-        if v.out_hidden_size != t.hidden_size:
-            raise ValueError(f"vision out_hidden_size={v.out_hidden_size} must equal text hidden_size={t.hidden_size}")
-        if bad := [i for i in v.deepstack_visual_indexes if not 0 <= i < v.depth]:
-            raise ValueError(f"deepstack_visual_indexes {bad} outside the vision depth 0..{v.depth - 1}")
-        if tp < 1 or tp not in tp_sizes(t, max(tp, 1)):
-            dims = dict(num_attention_heads=t.num_attention_heads, num_key_value_heads=t.num_key_value_heads,
-                        intermediate_size=t.intermediate_size)   # the vocabulary is padded (tp.VocabParallelEmbedding)
-            bad = {k: n for k, n in dims.items() if tp < 1 or n % tp}
-            raise ValueError(f"tensor-parallel size {tp} does not divide {bad}; sizes that work: {tp_sizes(t)}")
-        return self
+# %% ../nbs/00_config.ipynb #4002f2f0
+@patch
+def to_hf(self: EncoderConfig):
+    ("The matching `transformers.Qwen3VLConfig` "
+     "(all `num_hidden_layers` layers, not only the kept ones).")
+    from transformers import Qwen3VLConfig
+    t, v = self.text, self.vision
+    rope = dict(rope_type=t.rope_type, rope_theta=t.rope_theta, mrope_section=list(t.mrope_section),
+                mrope_interleaved=t.mrope_interleaved,
+                **({"factor": t.rope_factor} if t.rope_type == "linear" else {}))
+    text = dict(vocab_size=t.vocab_size, hidden_size=t.hidden_size,
+                intermediate_size=t.intermediate_size,
+                num_hidden_layers=t.num_hidden_layers, num_attention_heads=t.num_attention_heads,
+                num_key_value_heads=t.num_key_value_heads, head_dim=t.head_dim,
+                rms_norm_eps=t.rms_norm_eps, hidden_act=t.hidden_act,
+                max_position_embeddings=t.max_position_embeddings, rope_parameters=rope)
+    vision = {f.name: getattr(v, f.name) for f in dataclasses.fields(v) if f.name != "rope_theta"}
+    vision.update(deepstack_visual_indexes=list(v.deepstack_visual_indexes),
+                  rope_parameters=dict(rope_type="axial", rope_theta=v.rope_theta))
+    return Qwen3VLConfig(text_config=text, vision_config=vision, image_token_id=self.image_token_id,
+                         video_token_id=self.video_token_id,
+                         vision_start_token_id=self.vision_start_token_id,
+                         vision_end_token_id=self.vision_end_token_id)
 
 # %% ../nbs/00_config.ipynb #325491be
 def tp_sizes(t: TextConfig,  # the text decoder
              upto: int = 64,  # the largest size to consider
             ) -> list[int]:
-    "Tensor-parallel sizes (up to `upto`) that divide the heads, the KV heads and the MLP width of `t` (not the vocab)."
+    ("Tensor-parallel sizes (up to `upto`) that divide the heads, the KV heads "
+     "and the MLP width of `t` (not the vocab).")
     dims = (t.num_attention_heads, t.num_key_value_heads, t.intermediate_size)
     return [n for n in range(1, upto + 1) if all(d % n == 0 for d in dims)]
+
+# %% ../nbs/00_config.ipynb #80bdf1e5
+@patch
+def validate(self: EncoderConfig, tp: int = 1) -> 'EncoderConfig':
+    "Check the config (and a TP size); raise `ValueError` saying what to change. Returns `self`."
+    t, v = self.text, self.vision
+    for part, name in ((t, "text"), (v, "vision")):
+        for f in dataclasses.fields(part):
+            if type(f.default) is int and not (is_int(x := getattr(part, f.name)) and x > 0):
+                raise ValueError(f"{name}.{f.name} = {x!r}: must be a positive integer")
+    if not is_int(self.selected_layer): raise ValueError(
+        f"selected_layer = {self.selected_layer!r}: must be an integer, 1..{t.num_hidden_layers}")
+    if t.rope_type not in _ROPE_TYPES or t.rope_factor < 1 or (t.rope_type == "default"
+                                                               and t.rope_factor != 1):
+        raise ValueError(f"rope_type={t.rope_type!r}, rope_factor={t.rope_factor}: "
+                         "choose 'default' (factor 1) or 'linear' (factor >= 1)")
+    if not 1 <= self.selected_layer <= t.num_hidden_layers:
+        raise ValueError(f"selected_layer={self.selected_layer} but the text model has "
+                         f"{t.num_hidden_layers} decoder layers: choose 1..{t.num_hidden_layers}")
+    if sum(t.mrope_section) * 2 != t.head_dim:
+        raise ValueError(f"mrope_section {list(t.mrope_section)} sums to {sum(t.mrope_section)} "
+                         f"but must sum to head_dim/2 = {t.head_dim // 2}")
+    if t.num_attention_heads % t.num_key_value_heads:
+        raise ValueError(f"num_attention_heads={t.num_attention_heads} is not a multiple of "
+                         f"num_key_value_heads={t.num_key_value_heads}")
+    if v.out_hidden_size != t.hidden_size:
+        raise ValueError(f"vision out_hidden_size={v.out_hidden_size} "
+                         f"must equal text hidden_size={t.hidden_size}")
+    if bad := [i for i in v.deepstack_visual_indexes if not 0 <= i < v.depth]:
+        raise ValueError(f"deepstack_visual_indexes {bad} "
+                         f"outside the vision depth 0..{v.depth - 1}")
+    if tp < 1 or tp not in tp_sizes(t, max(tp, 1)):
+        # the vocabulary is padded (tp.VocabParallelEmbedding)
+        dims = dict(num_attention_heads=t.num_attention_heads,
+                    num_key_value_heads=t.num_key_value_heads,
+                    intermediate_size=t.intermediate_size)
+        bad = {k: n for k, n in dims.items() if tp < 1 or n % tp}
+        raise ValueError(f"tensor-parallel size {tp} does not divide {bad}; "
+                         f"sizes that work: {tp_sizes(t)}")
+    return self
 
 # %% ../nbs/00_config.ipynb #3d70a066
 def qwen3vl_32b(selected_layer: int = 50,  # N: the output is the state after decoder layer N-1
@@ -264,31 +314,38 @@ def qwen3vl_32b(selected_layer: int = 50,  # N: the output is the state after de
     "Qwen3-VL-32B dimensions (text 5120 x 64 layers, vision 1152 x 27), cut at `selected_layer`."
     return EncoderConfig(TextConfig(), VisionConfig(), selected_layer).validate()
 
+# %% ../nbs/00_config.ipynb #979ecfd4
 def tiny(selected_layer: int = 3,     # N (of 4 decoder layers, unless `text` changes that)
          text: dict | None = None,     # `TextConfig` fields to change, e.g. `dict(hidden_size=128)`
          vision: dict | None = None,   # `VisionConfig` fields to change
          **kw,                         # `EncoderConfig` fields to change (the token ids)
         ) -> EncoderConfig:
-    "A tiny random-weight Qwen3-VL for CPU tests; override any field through `text`, `vision` or `kw`."
-    t = replace(TextConfig(vocab_size=1024, hidden_size=64, intermediate_size=128, num_hidden_layers=4,
-                           num_attention_heads=8, num_key_value_heads=4, head_dim=16, rope_theta=10000.0,
-                           mrope_section=(2, 3, 3)), **(text or {}))
-    v = replace(VisionConfig(depth=3, hidden_size=32, intermediate_size=64, num_heads=4, out_hidden_size=t.hidden_size,
-                             patch_size=4, num_position_embeddings=64, deepstack_visual_indexes=(0, 2)),
+    ("A tiny random-weight Qwen3-VL for CPU tests; "
+     "override any field through `text`, `vision` or `kw`.")
+    t = replace(TextConfig(vocab_size=1024, hidden_size=64, intermediate_size=128,
+                           num_hidden_layers=4, num_attention_heads=8, num_key_value_heads=4,
+                           head_dim=16, rope_theta=10000.0, mrope_section=(2, 3, 3)),
+                **(text or {}))
+    v = replace(VisionConfig(depth=3, hidden_size=32, intermediate_size=64, num_heads=4,
+                             out_hidden_size=t.hidden_size, patch_size=4,
+                             num_position_embeddings=64, deepstack_visual_indexes=(0, 2)),
                 **(vision or {}))
-    ids = dict(image_token_id=1000, video_token_id=1001, vision_start_token_id=1002, vision_end_token_id=1003) | kw
+    ids = dict(image_token_id=1000, video_token_id=1001, vision_start_token_id=1002,
+               vision_end_token_id=1003) | kw
     return EncoderConfig(t, v, selected_layer, **ids).validate()
 
 # %% ../nbs/00_config.ipynb #b6d60161
-def _linear(i, o, bias=True): return i * o + (o if bias else 0)
+def _linear(i, o, bias=True): return i * o + (o if bias else 0)   # weights and bias of a linear
 
 def param_counts(cfg: EncoderConfig,  # the model, cut at `cfg.selected_layer`
                  tp: int = 1,         # the tensor-parallel size
                 ) -> dict:
-    "Parameters one TP rank holds, by part: `text_sharded`, `text_replicated`, `vision`, and `total`."
+    ("Parameters one TP rank holds, by part: "
+     "`text_sharded`, `text_replicated`, `vision`, and `total`.")
     cfg.validate(tp)
     t, v, L = cfg.text, cfg.vision, cfg.selected_layer
-    attn = t.hidden_size * t.head_dim * (2 * t.num_attention_heads + 2 * t.num_key_value_heads)  # q, k, v, o
+    # q, k, v, o
+    attn = t.hidden_size * t.head_dim * (2 * t.num_attention_heads + 2 * t.num_key_value_heads)
     vocab = -(-t.vocab_size // tp) * tp   # padded to a multiple of tp (tp.VocabParallelEmbedding)
     sharded = vocab * t.hidden_size + L * (attn + 3 * t.hidden_size * t.intermediate_size)
     replicated = L * (2 * t.hidden_size + 2 * t.head_dim)  # input/post-attention norms, q/k norms
@@ -301,6 +358,7 @@ def param_counts(cfg: EncoderConfig,  # the model, cut at `cfg.selected_layer`
     return dict(text_sharded=sharded // tp, text_replicated=replicated, vision=vision,
                 total=sharded // tp + replicated + vision)
 
+# %% ../nbs/00_config.ipynb #e45b243a
 def bytes_per_rank(cfg: EncoderConfig,                 # the model, cut at `cfg.selected_layer`
                    tp: int = 1,                        # the tensor-parallel size
                    dtype: torch.dtype = torch.bfloat16,  # the weights' dtype

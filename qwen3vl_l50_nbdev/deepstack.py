@@ -14,14 +14,17 @@ def placeholder_masks(input_ids: torch.Tensor,  # 1-D token ids
                       cfg: EncoderConfig,      # the image and video placeholder token ids
                      ) -> tuple[torch.Tensor, torch.Tensor]:
     "Boolean [seq] masks of the image and of the video placeholder tokens in 1-D `input_ids`."
-    if input_ids.ndim != 1: raise ValueError(f"input_ids must be 1-D [seq], got shape {tuple(input_ids.shape)}")
+    if input_ids.ndim != 1:
+        raise ValueError(f"input_ids must be 1-D [seq], got shape {tuple(input_ids.shape)}")
     return input_ids == cfg.image_token_id, input_ids == cfg.video_token_id
 
+# %% ../nbs/06_deepstack.ipynb #f442cbb3
 def _check_rows(mask: torch.Tensor, features: torch.Tensor, what: str):
     n = int(mask.sum())
     if features.shape[0] != n:
-        raise ValueError(f"{n} {what} placeholder tokens but {features.shape[0]} {what} feature rows: "
-                         f"each {what} of grid (t, h, w) needs t*h*w/merge^2 placeholder tokens")
+        raise ValueError(f"{n} {what} placeholder tokens but {features.shape[0]} {what} "
+                         f"feature rows: each {what} of grid (t, h, w) "
+                         "needs t*h*w/merge^2 placeholder tokens")
 
 # %% ../nbs/06_deepstack.ipynb #ce64cdc8
 def scatter_visual(embeds: torch.Tensor,    # token embeddings [seq, H]
@@ -40,13 +43,16 @@ def merge_deepstack(image_mask: torch.Tensor,  # image placeholders, boolean [se
                     ) -> tuple[torch.Tensor | None, list[torch.Tensor] | None]:
     ("The visual mask [seq] and, per DeepStack level, the features over its rows in sequence order "
      "(images, videos or both).")
-    for mask, feats, what in ((image_mask, image_features, "image"), (video_mask, video_features, "video")):
+    for mask, feats, what in ((image_mask, image_features, "image"),
+                              (video_mask, video_features, "video")):
         for f in feats or []: _check_rows(mask, f, what)
     if image_features is None or video_features is None:
         if image_features is None and video_features is None: return None, None
-        return (image_mask, list(image_features)) if video_features is None else (video_mask, list(video_features))
+        if video_features is None: return image_mask, list(image_features)
+        return video_mask, list(video_features)
     if len(image_features) != len(video_features):
-        raise ValueError(f"{len(image_features)} image but {len(video_features)} video DeepStack levels")
+        raise ValueError(f"{len(image_features)} image but {len(video_features)} video "
+                         "DeepStack levels")
     visual = image_mask | video_mask
     img_rows, vid_rows = image_mask[visual], video_mask[visual]
     merged = []
@@ -61,5 +67,6 @@ def inject(h: torch.Tensor,        # the state after a decoder layer [seq, H]
            mask: torch.Tensor,     # the visual rows: boolean [seq], or row indices
            feature: torch.Tensor,  # this level's DeepStack features, a row per visual row [n, H]
           ) -> torch.Tensor:
-    "DeepStack: a copy of `h` [seq, H] with `feature` added at the rows `mask` selects (boolean [seq], or row indices)."
+    ("DeepStack: a copy of `h` [seq, H] with `feature` added at the rows `mask` selects "
+     "(boolean [seq], or row indices).")
     return h.index_put((mask,), h[mask] + feature.to(h.device, h.dtype))

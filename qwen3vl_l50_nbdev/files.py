@@ -13,42 +13,52 @@ from safetensors.torch import save_file
 
 # %% ../nbs/01a_files.ipynb #e06d58d1
 def check_out(path) -> Path:
-    "The regular file `path` names (through symlinks), checked writable before any work; `ValueError` saying why not."
+    ("The regular file `path` names (through symlinks), checked writable before any work; "
+     "`ValueError` saying why not.")
     p = Path(path)
     if str(path).strip() == "": raise ValueError("--out is empty: name an output .safetensors file")
     t = Path(os.path.realpath(p))
-    if t.is_symlink(): raise ValueError(f"--out {p}: a symlink loop (it resolves to {t}, a link): name a regular file")
-    if t.is_dir(): raise ValueError(f"--out {p} is a directory: name a file in it, e.g. {p / 'out.safetensors'}")
+    via = f" (-> {t})" if t != p else ""
+    if t.is_symlink():
+        raise ValueError(f"--out {p}: a symlink loop (it resolves to {t}, a link): "
+                         "name a regular file")
+    if t.is_dir():
+        raise ValueError(f"--out {p} is a directory: "
+                         f"name a file in it, e.g. {p / 'out.safetensors'}")
     if t.exists() and not t.is_file():
-        raise ValueError(f"--out {p}{f' (-> {t})' if t != p else ''} is a device or special file, not a regular file: "
+        raise ValueError(f"--out {p}{via} is a device or special file, not a regular file: "
                          "name a regular .safetensors file")
-    if not t.parent.is_dir(): raise ValueError(f"--out {p}: the directory {t.parent} does not exist: create it first")
+    if not t.parent.is_dir():
+        raise ValueError(f"--out {p}: the directory {t.parent} does not exist: create it first")
     if not os.access(t.parent, os.W_OK | os.X_OK):
-        raise ValueError(f"--out {p}: the directory {t.parent} is not writable: choose another place "
-                         "or fix its permissions")
+        raise ValueError(f"--out {p}: the directory {t.parent} is not writable: "
+                         "choose another place or fix its permissions")
     if t.exists() and not os.access(t, os.W_OK):
-        raise ValueError(f"--out {p}{f' (-> {t})' if t != p else ''} is read-only: remove it or make it writable")
+        raise ValueError(f"--out {p}{via} is read-only: remove it or make it writable")
     return t
-
 
 # %% ../nbs/01a_files.ipynb #6dcc498e
 def check_apart(path, inputs) -> Path:
-    ("`check_out(path)`, and not one of the files `inputs` (through any path spelling, symlink or hard link: the same "
-     "file on disk): writing it would replace that input.")
+    ("`check_out(path)`, and not one of the files `inputs` (through any path spelling, symlink or "
+     "hard link: the same file on disk): writing it would replace that input.")
     t = check_out(path)
     if t.exists():
         for p in inputs:
             try: same = os.path.samefile(t, p)
             except OSError: continue   # an input that is not there: its own check says so
-            if same: raise ValueError(f"--out {path} is the input file {p}: writing the output would replace it; "
-                                      "name another output file")
+            if same: raise ValueError(f"--out {path} is the input file {p}: writing the output "
+                                      "would replace it; name another output file")
     return t
 
-
 # %% ../nbs/01a_files.ipynb #79e0f191
+def _umask() -> int:
+    m = os.umask(0o022); os.umask(m)
+    return m
+
 def write_atomic(path, write) -> Path:
-    ("`write(tmp)` to a temp file beside `check_out(path)`, synced, then renamed to it: a reader sees the old file or "
-     "the whole new one, never a part; new files get `0666 & ~umask`.")
+    ("`write(tmp)` to a temp file beside `check_out(path)`, synced, then renamed to it: "
+     "a reader sees the old file or the whole new one, never a part; "
+     "new files get `0666 & ~umask`.")
     t = check_out(path)
     mode = t.stat().st_mode & 0o7777 if t.exists() else 0o666 & ~_umask()
     fd, tmp = tempfile.mkstemp(dir=t.parent, prefix=f".{t.name}.", suffix=".tmp")
@@ -63,13 +73,7 @@ def write_atomic(path, write) -> Path:
         raise
     return t
 
-def _umask() -> int:
-    m = os.umask(0o022); os.umask(m)
-    return m
-
-
 # %% ../nbs/01a_files.ipynb #9005e5f3
 def write_out(tensors: dict, path, metadata: dict | None = None) -> Path:
     "Write `tensors` (and the string pairs `metadata`) to `path` atomically (`write_atomic`)."
     return write_atomic(path, lambda tmp: save_file(tensors, tmp, metadata))
-

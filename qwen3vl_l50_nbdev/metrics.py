@@ -15,16 +15,21 @@ import torch.nn as nn
 def diff_row(x: torch.Tensor,    # the result to judge
              ref: torch.Tensor,  # the reference, of `x`'s shape
             ) -> dict:
-    "max |x-ref|, relative L2 and cosine (float64, on `x`'s device), and whether `x` and `ref` are bitwise equal."
-    if x.shape != ref.shape: raise ValueError(f"shape mismatch: {tuple(x.shape)} vs reference {tuple(ref.shape)}")
-    x, ref = x.detach(), ref.detach().to(x.device)   # computed where `x` lives: no host copy of GPU tensors
+    ("max |x-ref|, relative L2 and cosine (float64, on `x`'s device), "
+     "and whether `x` and `ref` are bitwise equal.")
+    if x.shape != ref.shape:
+        raise ValueError(f"shape mismatch: {tuple(x.shape)} vs reference {tuple(ref.shape)}")
+    # computed where `x` lives: no host copy of GPU tensors
+    x, ref = x.detach(), ref.detach().to(x.device)
     a, b = x.double().flatten(), ref.double().flatten()
     d = a - b
+    norms = a.norm() * b.norm()
     return dict(bitwise=x.dtype == ref.dtype and torch.equal(x, ref),
                 max_abs=d.abs().max().item() if d.numel() else 0.0,
                 rel_l2=(d.norm() / b.norm()).item() if b.norm() > 0 else d.norm().item(),
-                cosine=(a @ b / (a.norm() * b.norm())).item() if a.norm() * b.norm() > 0 else float(torch.equal(a, b)))
+                cosine=(a @ b / norms).item() if norms > 0 else float(torch.equal(a, b)))
 
+# %% ../nbs/00a_metrics.ipynb #ccbd4e96
 def diff_table(rows: dict,  # `{name: (x, ref)}`: a row of the table each
               ):
     "A pandas table of `diff_row` for each `name: (x, ref)`."
@@ -34,7 +39,8 @@ def diff_table(rows: dict,  # `{name: (x, ref)}`: a row of the table each
 
 # %% ../nbs/00a_metrics.ipynb #0e080d01
 def checksum(t: torch.Tensor) -> int:
-    "CRC-32 of `t`'s bytes as stored (any dtype, any device): tensors with the same bits have the same checksum."
+    ("CRC-32 of `t`'s bytes as stored (any dtype, any device): "
+     "tensors with the same bits have the same checksum.")
     return zlib.crc32(t.detach().contiguous().cpu().reshape(-1).view(torch.uint8).numpy().tobytes())
 
 # %% ../nbs/00a_metrics.ipynb #2a3de996
@@ -43,21 +49,24 @@ def layer_states(text: nn.Module,             # a text model with `.layers` (our
                  device=None,                 # where the kept states go (default: where computed)
                  teacher: list | None = None,  # reference states: layer i reads teacher[i-1]
                 ):
-    ("Within the block, forwards of `text` append each layer's output (after DeepStack) to the list yielded; "
-     "`teacher`: feed each layer the reference input.")
+    ("Within the block, forwards of `text` append each layer's output (after DeepStack) "
+     "to the list yielded; `teacher`: feed each layer the reference input.")
     states = []
     keep = lambda h: states.append(h.detach().to(device or h.device, copy=True))
     def pre(i):
         def hook(m, args):
             keep(args[0])
-            if teacher is not None: return (teacher[i - 1].to(args[0].device, args[0].dtype), *args[1:])
+            if teacher is not None:
+                return (teacher[i - 1].to(args[0].device, args[0].dtype), *args[1:])
         return hook
-    hooks = [layer.register_forward_pre_hook(pre(i)) for i, layer in enumerate(text.layers) if i > 0]
+    hooks = [layer.register_forward_pre_hook(pre(i)) for i, layer in enumerate(text.layers)
+             if i > 0]
     hooks.append(text.register_forward_hook(lambda m, args, out: keep(out)))
     try: yield states
     finally:
         for h in hooks: h.remove()
 
+# %% ../nbs/00a_metrics.ipynb #03964e54
 @contextlib.contextmanager
 def no_tf32():
     "fp32 matmuls and convolutions in full fp32 (cuDNN allows TF32 by default); restored on exit."

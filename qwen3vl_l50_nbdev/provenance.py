@@ -22,33 +22,39 @@ import torch
 import torch.distributed as dist
 
 # %% ../nbs/00b_provenance.ipynb #b2c3d4e5
-LIB = "qwen3vl_l50_nbdev"   # settings.ini's lib_name
-BUILD = "_build.json"       # the commit an installed copy was built from (written by setup.py)
-
 def _git(where, *args) -> str:
     "The output of `git -C where args`, or '' when git fails or is missing."
-    try: r = subprocess.run(["git", "-C", str(where), *args], capture_output=True, text=True, timeout=10)
+    try: r = subprocess.run(["git", "-C", str(where), *args], capture_output=True, text=True,
+                            timeout=10)
     except (OSError, subprocess.SubprocessError): return ""
     return r.stdout.strip() if r.returncode == 0 else ""
+
+# %% ../nbs/00b_provenance.ipynb #47df6e2a
+LIB = "qwen3vl_l50_nbdev"   # settings.ini's lib_name
+BUILD = "_build.json"       # the commit an installed copy was built from (written by setup.py)
 
 def _package(where=None) -> Path:
     "Package directory `where`, or this package's (imported: a notebook has no `__file__`)."
     return Path(where or Path(importlib.import_module(LIB).__file__).parent).resolve()
 
+# %% ../nbs/00b_provenance.ipynb #d7f31e09
 def _own_tree(pkg: Path) -> Path | None:
-    "The top of the git tree that holds package directory `pkg` as this project (tracked, its settings.ini), or None."
-    if not (top := _git(pkg, "rev-parse", "--show-toplevel")) or not _git(pkg, "ls-files", "--error-unmatch",
-                                                                           "__init__.py"): return None
+    ("The top of the git tree that holds package directory `pkg` as this project "
+     "(tracked, its settings.ini), or None.")
+    top = _git(pkg, "rev-parse", "--show-toplevel")
+    if not top or not _git(pkg, "ls-files", "--error-unmatch", "__init__.py"): return None
     ini = ConfigParser(delimiters=["="], interpolation=None)
     try: ini.read(Path(top) / "settings.ini", encoding="utf-8")
     except (OSError, UnicodeDecodeError, ValueError): return None
     d = ini["DEFAULT"]
-    ours = d.get("lib_name") == LIB and (Path(top) / d.get("lib_path", "?")).resolve() == pkg.resolve()
+    lib = (Path(top) / d.get("lib_path", "?")).resolve()
+    ours = d.get("lib_name") == LIB and lib == pkg.resolve()
     return Path(top) if ours else None
 
 # %% ../nbs/00b_provenance.ipynb #c3d4e5f6
 def source_digest(pkg) -> str:
-    "sha256 (16 hex digits) of package directory `pkg`'s Python files, their paths and bytes: the code that runs."
+    ("sha256 (16 hex digits) of package directory `pkg`'s Python files, their paths and bytes: "
+     "the code that runs.")
     h = hashlib.sha256()
     for f in sorted(Path(pkg).rglob("*.py")):
         data = f.read_bytes()
@@ -57,9 +63,10 @@ def source_digest(pkg) -> str:
 
 # %% ../nbs/00b_provenance.ipynb #d4e5f6a7
 def git_commit(short: bool = True, where=None) -> str:
-    ("This package's own commit, `+dirty` when the tree or the installed files differ from it: from the git tree of "
-     "package directory `where` (default: this package's) when that tree is this project's, else as recorded at its "
-     "build (`BUILD`); `unknown` otherwise. Never an enclosing repository's.")
+    ("This package's own commit, `+dirty` when the tree or the installed files differ from it: "
+     "from the git tree of package directory `where` (default: this package's) "
+     "when that tree is this project's, else as recorded at its build (`BUILD`); "
+     "`unknown` otherwise. Never an enclosing repository's.")
     pkg = _package(where)
     if top := _own_tree(pkg):
         commit = _git(top, "rev-parse", "HEAD")
@@ -67,58 +74,73 @@ def git_commit(short: bool = True, where=None) -> str:
     else:
         try: built = json.loads((pkg / BUILD).read_text())
         except (OSError, ValueError): return "unknown"
-        commit, dirty = built.get("commit") or "", built.get("dirty") or built.get("sources") != source_digest(pkg)
+        commit = built.get("commit") or ""
+        dirty = built.get("dirty") or built.get("sources") != source_digest(pkg)
     return (commit[:7] if short else commit) + "+dirty" * dirty if commit else "unknown"
 
 # %% ../nbs/00b_provenance.ipynb #f6a7b8c9
 @functools.cache
 def code_identity(where=None) -> str:
-    "The running code: its full commit when clean, else `<commit or sources>+dirty-<source_digest>`; once a process."
+    ("The running code: its full commit when clean, "
+     "else `<commit or sources>+dirty-<source_digest>`; once a process.")
     pkg = _package(where)
     commit = git_commit(short=False, where=pkg)
     if commit != "unknown" and not commit.endswith("+dirty"): return commit
-    return f"{commit.removesuffix('+dirty') if commit != 'unknown' else 'sources'}+dirty-{source_digest(pkg)}"
+    base = commit.removesuffix('+dirty') if commit != 'unknown' else 'sources'
+    return f"{base}+dirty-{source_digest(pkg)}"
 
 # %% ../nbs/00b_provenance.ipynb #dd155214
 PROVENANCE = ["device", "date", "commit", "torch", "config", "layers", "seq", "command"]
 
 def _cpu_name() -> str:
-    try: return next(line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
+    try: return next(line.split(":", 1)[1].strip()
+                     for line in Path("/proc/cpuinfo").read_text().splitlines()
                      if line.startswith("model name"))
     except (OSError, StopIteration): return platform.processor() or platform.machine()
 
+# %% ../nbs/00b_provenance.ipynb #fc8c3c4a
 def machine_fingerprint() -> str:
-    ("What fixes a CPU run's bits: vendor, family/model/stepping, a digest of the CPU flags, the kernels torch picks "
-     "(`get_cpu_capability`, which `ATEN_CPU_CAPABILITY` moves), torch's threads and build. Not the marketing name.")
+    ("What fixes a CPU run's bits: vendor, family/model/stepping, a digest of the CPU flags, "
+     "the kernels torch picks (`get_cpu_capability`, which `ATEN_CPU_CAPABILITY` moves), "
+     "torch's threads and build. Not the marketing name.")
     info = {}
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():   # the first processor's fields
             k, _, v = line.partition(":"); info.setdefault(k.strip(), v.strip())
     except OSError: pass
     digest = lambda s: hashlib.sha1(s.encode()).hexdigest()[:8]
-    return (f"{info.get('vendor_id', platform.machine())} {info.get('cpu family', '?')}/{info.get('model', '?')}/"
-            f"{info.get('stepping', '?')} flags {digest(' '.join(sorted(info.get('flags', '').split())))} "
-            f"{torch.backends.cpu.get_cpu_capability()} {torch.get_num_threads()} threads torch {torch.__version__} "
+    return (f"{info.get('vendor_id', platform.machine())} "
+            f"{info.get('cpu family', '?')}/{info.get('model', '?')}/"
+            f"{info.get('stepping', '?')} "
+            f"flags {digest(' '.join(sorted(info.get('flags', '').split())))} "
+            f"{torch.backends.cpu.get_cpu_capability()} {torch.get_num_threads()} threads "
+            f"torch {torch.__version__} "
             f"{torch.version.git_version[:8]} build {digest(torch.__config__.show())}")
 
+# %% ../nbs/00b_provenance.ipynb #9f481418
 def _this_command() -> str:
-    "This process's command line as typed: `torchrun --nproc_per_node N -m ...` under torchrun, else `python ...`."
+    ("This process's command line as typed: `torchrun --nproc_per_node N -m ...` under torchrun, "
+     "else `python ...`.")
     a = sys.orig_argv
     args = a[a.index("-m"):] if "-m" in a else sys.argv
     world = dist.get_world_size() if dist.is_initialized() else int(os.environ.get("WORLD_SIZE", 1))
-    launcher = f"torchrun --nproc_per_node {world}" if "TORCHELASTIC_RUN_ID" in os.environ else "python"
+    launcher = (f"torchrun --nproc_per_node {world}" if "TORCHELASTIC_RUN_ID" in os.environ
+                else "python")
     return " ".join([launcher, *map(shlex.quote, args)])
 
+# %% ../nbs/00b_provenance.ipynb #53f0a178
 def provenance(device="cpu",                # the device the run computed on
                commit: str | None = None,   # the git commit (default: `git_commit()`)
                command: str | None = None,  # the command that ran (default: this process's)
               ) -> dict:
     ("Where a run came from: device, UTC date, git commit, torch version, command (default: this "
-     "process's command line, under `torchrun` if it is); on the CPU also `machine`, its `machine_fingerprint`.")
+     "process's command line, under `torchrun` if it is); "
+     "on the CPU also `machine`, its `machine_fingerprint`.")
     dev = torch.device(device)
     name = (f"{torch.cuda.get_device_name(dev)} x{torch.cuda.device_count()}" if dev.type == "cuda"
             else f"cpu {_cpu_name()} ({os.cpu_count()} cores)")
     if command is None: command = _this_command()
-    return dict(device=name, date=datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+    date = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    return dict(device=name, date=date,
                 commit=commit or git_commit(), torch=torch.__version__, command=command,
                 **(dict(machine=machine_fingerprint()) if dev.type == "cpu" else {}))

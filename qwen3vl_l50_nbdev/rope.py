@@ -19,7 +19,8 @@ def _inv_freq(dim: int, theta: float) -> torch.Tensor:
 
 # %% ../nbs/03_rope.ipynb #6c2991a7
 def mrope_axes(mrope_section) -> torch.Tensor:
-    "Which position (0 t, 1 h, 2 w) each of the `sum(mrope_section)` frequencies reads: Qwen3-VL's interleaved layout."
+    ("Which position (0 t, 1 h, 2 w) each of the `sum(mrope_section)` frequencies reads: "
+     "Qwen3-VL's interleaved layout.")
     axes = torch.zeros(sum(mrope_section), dtype=torch.long)
     for a in (1, 2): axes[a:3 * mrope_section[a]:3] = a
     return axes
@@ -31,16 +32,20 @@ class TextRotary(nn.Module):
                 ):
         super().__init__()
         if not cfg.mrope_interleaved:
-            raise ValueError("mrope_interleaved=False (Qwen2-VL's chunked M-RoPE) is not Qwen3-VL's layout; "
-                             "transformers' Qwen3-VL always interleaves")
-        self.inv_freq, self.axes = _inv_freq(cfg.head_dim, cfg.rope_theta), mrope_axes(cfg.mrope_section)
-        if cfg.rope_type == "linear": self.inv_freq /= cfg.rope_factor   # linear scaling: HF's in-place division
-        # device -> (inv_freq, axes) there: copied once, not on every call (a copy would block graph capture)
+            raise ValueError("mrope_interleaved=False (Qwen2-VL's chunked M-RoPE) "
+                             "is not Qwen3-VL's layout; transformers' Qwen3-VL always interleaves")
+        self.inv_freq = _inv_freq(cfg.head_dim, cfg.rope_theta)
+        self.axes = mrope_axes(cfg.mrope_section)
+        # linear scaling: HF's in-place division
+        if cfg.rope_type == "linear": self.inv_freq /= cfg.rope_factor
+        # device -> (inv_freq, axes) there: copied once, not on every call
+        # (a copy would block graph capture)
         self._on = {}
 
     def forward(self, positions: torch.Tensor, dtype: torch.dtype = torch.float32):
         dev = positions.device
-        inv_freq, axes = self._on.get(dev) or self._on.setdefault(dev, (self.inv_freq.to(dev), self.axes.to(dev)))
+        inv_freq, axes = (self._on.get(dev)
+                          or self._on.setdefault(dev, (self.inv_freq.to(dev), self.axes.to(dev))))
         angles = positions[..., None].float() * inv_freq   # (3, seq, head_dim/2)
         idx = axes.expand(1, *angles.shape[1:])
         cos, sin = (f.gather(0, idx)[0] for f in (angles.cos(), angles.sin()))
@@ -52,6 +57,7 @@ def rotate_half(x: torch.Tensor) -> torch.Tensor:
     x1, x2 = x.chunk(2, -1)
     return torch.cat((-x2, x1), -1)
 
+# %% ../nbs/03_rope.ipynb #4c36bf9c
 def apply_rotary(q: torch.Tensor,    # queries [..., seq, head_dim]
                  k: torch.Tensor,    # keys [..., seq, head_dim]
                  cos: torch.Tensor,  # cosines of the angles, broadcast against `q` and `k`
@@ -65,17 +71,21 @@ def grid_rows(grid_thw) -> list[list[int]]:
     "`grid_thw` (a tensor or list of (t, h, w) rows, or None) as a list of [t, h, w]."
     return [] if grid_thw is None else torch.as_tensor(grid_thw).reshape(-1, 3).tolist()
 
+# %% ../nbs/03_rope.ipynb #cd1bd54d
 def check_grids(grid_thw, merge: int, name: str = "grid_thw") -> list[list[int]]:
-    ("`grid_rows(grid_thw)`, checked: integer (t, h, w) rows, t >= 1, h and w positive multiples of `merge`; "
-     "None gives [].")
+    ("`grid_rows(grid_thw)`, checked: integer (t, h, w) rows, t >= 1, "
+     "h and w positive multiples of `merge`; None gives [].")
     if grid_thw is None: return []
     g = torch.as_tensor(grid_thw)
-    if g.is_floating_point() or g.is_complex() or g.dtype == torch.bool or g.ndim != 2 or g.shape[1] != 3:
+    not_int = g.is_floating_point() or g.is_complex() or g.dtype == torch.bool
+    if not_int or g.ndim != 2 or g.shape[1] != 3:
         raise ValueError(f"{name} must be an integer tensor [n, 3] of (t, h, w) patch counts, "
                          f"got {g.dtype} {list(g.shape)}")
-    if not len(g): raise ValueError(f"{name} is empty: pass one (t, h, w) row per image or video, or None")
+    if not len(g):
+        raise ValueError(f"{name} is empty: pass one (t, h, w) row per image or video, or None")
     for i, (t, h, w) in enumerate(rows := g.tolist()):
-        if t < 1: raise ValueError(f"{name}[{i}] = {[t, h, w]}: t (temporal patches) must be at least 1")
+        if t < 1:
+            raise ValueError(f"{name}[{i}] = {[t, h, w]}: t (temporal patches) must be at least 1")
         if min(h, w) < 1 or h % merge or w % merge:
             raise ValueError(f"{name}[{i}] = {[t, h, w]}: "
                              f"h and w must be positive multiples of spatial_merge_size={merge}")
@@ -86,21 +96,25 @@ def vision_positions(grid_thw,      # (t, h, w) in patches of each image or vide
                      merge: int,    # `spatial_merge_size`: patches per side of one visual token
                      device=None,   # where the positions go
                     ) -> torch.Tensor:
-    "(h, w) of every patch [n_patches, 2], in the order `pixel_values` holds them (merge x merge blocks, per frame)."
+    ("(h, w) of every patch [n_patches, 2], in the order `pixel_values` holds them "
+     "(merge x merge blocks, per frame).")
     out = []
     for t, h, w in check_grids(grid_thw, merge):
-        hw = torch.stack(torch.meshgrid(torch.arange(h, device=device), torch.arange(w, device=device),
-                                        indexing="ij"), -1)
-        out.append(hw.reshape(h // merge, merge, w // merge, merge, 2).transpose(1, 2).reshape(-1, 2).repeat(t, 1))
+        rows, cols = torch.arange(h, device=device), torch.arange(w, device=device)
+        hw = torch.stack(torch.meshgrid(rows, cols, indexing="ij"), -1)
+        blocks = hw.reshape(h // merge, merge, w // merge, merge, 2).transpose(1, 2)
+        out.append(blocks.reshape(-1, 2).repeat(t, 1))
     return torch.cat(out)
 
 # %% ../nbs/03_rope.ipynb #6f488f84
 class VisionRotary(nn.Module):
-    "The vision tower's 2-D axial rotary: patch (h, w) [n, 2] -> (cos, sin), each [n, head_dim], fp32."
+    ("The vision tower's 2-D axial rotary: patch (h, w) [n, 2] -> (cos, sin), "
+     "each [n, head_dim], fp32.")
     def __init__(self, cfg: VisionConfig,  # the vision tower's head_dim and rope_theta
                 ):
         super().__init__()
-        self.inv_freq = _inv_freq(cfg.head_dim // 2, cfg.rope_theta)   # head_dim/4 frequencies, shared by h and w
+        # head_dim/4 frequencies, shared by h and w
+        self.inv_freq = _inv_freq(cfg.head_dim // 2, cfg.rope_theta)
 
     def forward(self, hw: torch.Tensor):
         angles = hw[..., None].float() * self.inv_freq.to(hw.device)   # (n, 2, head_dim/4)
@@ -111,46 +125,56 @@ class VisionRotary(nn.Module):
 def mm_token_types(input_ids: torch.Tensor,  # 1-D token ids
                    cfg: EncoderConfig,      # the placeholder token ids
                   ) -> torch.Tensor:
-    "Each token's kind, as HF's `mm_token_type_ids`: 1 for an image placeholder, 2 for a video placeholder, 0 for text."
+    ("Each token's kind, as HF's `mm_token_type_ids`: "
+     "1 for an image placeholder, 2 for a video placeholder, 0 for text.")
     return (input_ids == cfg.image_token_id).long() + 2 * (input_ids == cfg.video_token_id).long()
-
-def rope_index(input_ids: torch.Tensor,  # 1-D token ids, with each image's and video's placeholders
-               cfg: EncoderConfig,      # placeholder token ids and `spatial_merge_size`
-               image_grid_thw=None,     # (t, h, w) in patches of each image, in order [n_images, 3]
-               video_grid_thw=None,     # (t, h, w) in patches of each video [n_videos, 3]
-              ) -> torch.Tensor:
-    "M-RoPE positions [3, seq] (t, h, w) for 1-D `input_ids` holding text, image and video placeholder tokens."
-    if input_ids.ndim != 1:
-        raise ValueError(f"input_ids must be 1-D [seq] (no batch), got shape {tuple(input_ids.shape)}")
-    if not input_ids.numel(): raise ValueError("input_ids is empty")
-    m = cfg.vision.spatial_merge_size
-    runs = [(k, len(list(g))) for k, g in itertools.groupby(mm_token_types(input_ids, cfg).tolist())]
-    grids = {1: check_grids(image_grid_thw, m, "image_grid_thw"),
-             2: [[1, h, w] for t, h, w in check_grids(video_grid_thw, m, "video_grid_thw") for _ in range(t)]}
-    _check_runs(runs, grids, cfg)
-    pos, out, it = 0, [], {k: iter(enumerate(v)) for k, v in grids.items()}
-    for k, n in runs:
-        if k == 0: out.append(torch.arange(pos, pos + n).expand(3, -1)); pos += n; continue
-        i, (t, h, w) = next(it[k])
-        what = f"image_grid_thw[{i}]" if k == 1 else f"video frame {i} (temporal patches of all videos, in order)"
-        h, w = h // m, w // m
-        if n != t * h * w: raise ValueError(f"{what}: merged grid (t, h, w) = ({t}, {h}, {w}) needs {t * h * w} "
-                                            f"placeholder tokens but its run has {n}")
-        out.append(torch.stack(torch.meshgrid(torch.arange(t), torch.arange(h), torch.arange(w), indexing="ij"))
-                   .reshape(3, -1) + pos)
-        pos += max(h, w)
-    return torch.cat(out, 1).to(input_ids.device)
 
 # %% ../nbs/03_rope.ipynb #c1fed520
 def _check_runs(runs: list, grids: dict, cfg: EncoderConfig):
-    "Raise if the number of image (video-frame) placeholder runs differs from the number of grids (frames)."
+    ("Raise if the number of image (video-frame) placeholder runs differs "
+     "from the number of grids (frames).")
     for k, name, key, tok in ((1, "image", "image_grid_thw", cfg.image_token_id),
                               (2, "video", "video_grid_thw", cfg.video_token_id)):
         n, g = sum(r == k for r, _ in runs), len(grids[k])
         if n == g: continue
         what = "grids" if k == 1 else "frames (temporal patches, the sum of t)"
         hint = (f"each run of image_token_id={tok} tokens is one image" if k == 1 else
-                f"each temporal patch of a video is its own run of video_token_id={tok} tokens, separated by text "
-                "(timestamps, <vision_start>/<vision_end>) as the HF processor writes them")
-        raise ValueError(f"{'more' if n > g else 'fewer'} {name} placeholder runs ({n}) than {key} {what} ({g}): "
-                         f"{hint}")
+                f"each temporal patch of a video is its own run of video_token_id={tok} tokens, "
+                "separated by text (timestamps, <vision_start>/<vision_end>) "
+                "as the HF processor writes them")
+        raise ValueError(f"{'more' if n > g else 'fewer'} {name} placeholder runs ({n}) "
+                         f"than {key} {what} ({g}): {hint}")
+
+# %% ../nbs/03_rope.ipynb #40d5866b
+def rope_index(input_ids: torch.Tensor,  # 1-D token ids, with each image's and video's placeholders
+               cfg: EncoderConfig,      # placeholder token ids and `spatial_merge_size`
+               image_grid_thw=None,     # (t, h, w) in patches of each image, in order [n_images, 3]
+               video_grid_thw=None,     # (t, h, w) in patches of each video [n_videos, 3]
+              ) -> torch.Tensor:
+    ("M-RoPE positions [3, seq] (t, h, w) for 1-D `input_ids` "
+     "holding text, image and video placeholder tokens.")
+    if input_ids.ndim != 1:
+        raise ValueError(f"input_ids must be 1-D [seq] (no batch), "
+                         f"got shape {tuple(input_ids.shape)}")
+    if not input_ids.numel(): raise ValueError("input_ids is empty")
+    m = cfg.vision.spatial_merge_size
+    kinds = mm_token_types(input_ids, cfg).tolist()
+    runs = [(k, len(list(g))) for k, g in itertools.groupby(kinds)]
+    videos = check_grids(video_grid_thw, m, "video_grid_thw")
+    frames = [[1, h, w] for t, h, w in videos for _ in range(t)]
+    grids = {1: check_grids(image_grid_thw, m, "image_grid_thw"), 2: frames}
+    _check_runs(runs, grids, cfg)
+    pos, out, it = 0, [], {k: iter(enumerate(v)) for k, v in grids.items()}
+    for k, n in runs:
+        if k == 0: out.append(torch.arange(pos, pos + n).expand(3, -1)); pos += n; continue
+        i, (t, h, w) = next(it[k])
+        what = (f"image_grid_thw[{i}]" if k == 1
+                else f"video frame {i} (temporal patches of all videos, in order)")
+        h, w = h // m, w // m
+        if n != t * h * w:
+            raise ValueError(f"{what}: merged grid (t, h, w) = ({t}, {h}, {w}) needs {t * h * w} "
+                             f"placeholder tokens but its run has {n}")
+        thw = torch.meshgrid(torch.arange(t), torch.arange(h), torch.arange(w), indexing="ij")
+        out.append(torch.stack(thw).reshape(3, -1) + pos)
+        pos += max(h, w)
+    return torch.cat(out, 1).to(input_ids.device)

@@ -13,9 +13,11 @@ from dataclasses import dataclass, fields
 DTYPES = ("bf16", "fp32")                         # weights and compute
 REDUCE_MODES = ("bf16", "fp32", "fp32-partials")  # the row-parallel all-reduce
 QUANTS = (None, "fp8")                            # None: bf16 projections; "fp8": online FP8 (e4m3)
-GRANULARITIES = ("channel", "tensor")  # FP8 weight scales: one per output channel, or one per (fused) weight
+# FP8 weight scales: one per output channel, or one per (fused) weight
+GRANULARITIES = ("channel", "tensor")
 ACT_MODES = ("token", "tensor")        # FP8 activation scales: one per token (row), or one per call
-MODES = ("exact", "fast")              # exact: transformers' bits; fast: fused GEMMs, compiled layers, graphs
+# exact: transformers' bits; fast: fused GEMMs, compiled layers, graphs
+MODES = ("exact", "fast")
 
 # %% ../nbs/00c_settings.ipynb #fe0c2675
 @dataclass(frozen=True)
@@ -29,9 +31,11 @@ class Numerics:
     mode: str = "exact"               # exact: transformers' bits | fast
 
     def __post_init__(self):
-        if self.quant == "none": object.__setattr__(self, "quant", None)   # the comma lists' spelling
+        # the comma lists' spelling
+        if self.quant == "none": object.__setattr__(self, "quant", None)
         for f, choices in (("dtype", DTYPES), ("reduce", REDUCE_MODES), ("quant", QUANTS),
-                           ("fp8_granularity", GRANULARITIES), ("fp8_act", ACT_MODES), ("mode", MODES)):
+                           ("fp8_granularity", GRANULARITIES), ("fp8_act", ACT_MODES),
+                           ("mode", MODES)):
             if (v := getattr(self, f)) not in choices:
                 raise ValueError(f"{f}={v!r}: choose one of {', '.join(map(repr, choices))}")
 
@@ -43,8 +47,8 @@ class Numerics:
 
     def kwargs(self) -> dict:
         "These settings as the keyword arguments of `Encoder.from_pretrained`."
-        return dict(dtype=self.torch_dtype, reduce=self.reduce, quant=self.quant, fp8_granularity=self.fp8_granularity,
-                    fp8_act=self.fp8_act, mode=self.mode)
+        return dict(dtype=self.torch_dtype, reduce=self.reduce, quant=self.quant,
+                    fp8_granularity=self.fp8_granularity, fp8_act=self.fp8_act, mode=self.mode)
 
     @classmethod
     def from_args(cls, a) -> "Numerics":
@@ -52,18 +56,28 @@ class Numerics:
         return cls(**{f.name: getattr(a, f.name) for f in fields(cls)})
 
 # %% ../nbs/00c_settings.ipynb #3d6364fe
-def add_numerics(p: argparse.ArgumentParser, lists: bool = False, dtype: bool = True) -> argparse._ArgumentGroup:
-    "The numerics options (`Numerics`) as an argument group of `p`; `lists`: comma-separated lists (validate's)."
-    g = p.add_argument_group("numerics", "comma-separated lists: every combination is a variant" if lists else None)
+def add_numerics(p: argparse.ArgumentParser, lists: bool = False,
+                 dtype: bool = True) -> argparse._ArgumentGroup:
+    ("The numerics options (`Numerics`) as an argument group of `p`; "
+     "`lists`: comma-separated lists (validate's).")
+    title = "comma-separated lists: every combination is a variant" if lists else None
+    g = p.add_argument_group("numerics", title)
     def opt(flag, choices, default, help):
-        if lists: g.add_argument(flag, default=default, help=f"{help}, comma-separated: {', '.join(choices)}")
+        if lists:
+            g.add_argument(flag, default=default,
+                           help=f"{help}, comma-separated: {', '.join(choices)}")
         else: g.add_argument(flag, choices=choices, default=default, help=help)
-    opt("--reduce", REDUCE_MODES, "fp32", "precision of the row-parallel all-reduce" + (" (TP>1)" if lists else ""))
+    opt("--reduce", REDUCE_MODES, "fp32",
+        "precision of the row-parallel all-reduce" + (" (TP>1)" if lists else ""))
     if lists: opt("--quant", ("none", "fp8"), "none", "quantizations")
-    else: g.add_argument("--quant", choices=["fp8"], default=None, help="online FP8 (e4m3) for the decoder projections")
+    else: g.add_argument("--quant", choices=["fp8"], default=None,
+                         help="online FP8 (e4m3) for the decoder projections")
     opt("--fp8-granularity", GRANULARITIES, "channel", "FP8 weight scales")
     if not lists: opt("--fp8-act", ACT_MODES, "token", "FP8 activation scales (dynamic)")
-    opt("--mode", MODES, "exact", "exact: transformers' bits; fast: fused GEMMs, compiled layers (CUDA), padded lengths"
+    opt("--mode", MODES, "exact",
+        "exact: transformers' bits; fast: fused GEMMs, compiled layers (CUDA), padded lengths"
         if not lists else "modes")
-    if dtype: g.add_argument("--dtype", choices=DTYPES, default="bf16", help="weights and compute (default bf16)")
+    if dtype:
+        g.add_argument("--dtype", choices=DTYPES, default="bf16",
+                       help="weights and compute (default bf16)")
     return g

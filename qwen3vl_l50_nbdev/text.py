@@ -10,6 +10,7 @@ from typing import NamedTuple
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from fastcore.basics import patch
 from .config import TextConfig
 from .dist import Group
 from .tp import STYLES, divide
@@ -20,9 +21,12 @@ from .deepstack import inject
 class Plan(NamedTuple):
     "How one module of the text model is split over the group, and which HF modules fill it."
     style: str       # a key of `tp.STYLES`: "vocab", "column" or "row"
-    sources: tuple   # the HF modules (siblings of this one) it holds, in split order: several for a fused projection
+    # the HF modules (siblings of this one) it holds, in split order: several for a fused projection
+    sources: tuple
 
-# every tensor-parallel module of the text model ({i}: each decoder layer); every other parameter is replicated
+# %% ../nbs/05_text.ipynb #e0f02572
+# every tensor-parallel module of the text model ({i}: each decoder layer);
+# every other parameter is replicated
 TP_PLAN = {
     "embed_tokens":                  Plan("vocab",  ("embed_tokens",)),
     "layers.{i}.self_attn.qkv_proj": Plan("column", ("q_proj", "k_proj", "v_proj")),
@@ -31,6 +35,7 @@ TP_PLAN = {
     "layers.{i}.mlp.down_proj":      Plan("row",    ("down_proj",)),
 }
 
+# %% ../nbs/05_text.ipynb #80454f4b
 def tp_layer(name: str, *args, **kw) -> nn.Module:
     "The tensor-parallel layer of the style that `TP_PLAN[name]` names, built with `args` and `kw`."
     plan = TP_PLAN[name]
@@ -42,13 +47,16 @@ def tp_layer(name: str, *args, **kw) -> nn.Module:
 
 # %% ../nbs/05_text.ipynb #34123512
 class RMSNorm(nn.Module):
-    "Root-mean-square norm over the last dim: normalise in fp32, round to the input dtype, then scale (HF's order)."
+    ("Root-mean-square norm over the last dim: normalise in fp32, round to the input dtype, "
+     "then scale (HF's order).")
     def __init__(self, dim: int, eps: float = 1e-6, dtype=torch.bfloat16, device=None):
         super().__init__()
         self.eps = eps
-        self.weight = nn.Parameter(torch.empty(dim, dtype=dtype, device=device), requires_grad=False)
+        self.weight = nn.Parameter(torch.empty(dim, dtype=dtype, device=device),
+                                   requires_grad=False)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor: return self.weight * self.normed(x).to(x.dtype)
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.weight * self.normed(x).to(x.dtype)
 
     def normed(self, x: torch.Tensor) -> torch.Tensor:
         "`x` divided by its root mean square over the last dim, in fp32."
@@ -57,53 +65,69 @@ class RMSNorm(nn.Module):
 
 # %% ../nbs/05_text.ipynb #a61a4267
 def attend_each(attend, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lens) -> torch.Tensor:
-    "`attend` of each packed prompt's rows of q, k, v [heads, seq, head_dim], concatenated; `lens` a list or tensor."
+    ("`attend` of each packed prompt's rows of q, k, v [heads, seq, head_dim], concatenated; "
+     "`lens` a list or tensor.")
     lens = lens.tolist() if torch.is_tensor(lens) else list(lens)
     return torch.cat([attend(*qkv) for qkv in zip(*(t.split(lens, 1) for t in (q, k, v)))], 2)
 
+# %% ../nbs/05_text.ipynb #e6272a5a
 class Attention(nn.Module):
     "Causal GQA self-attention, heads split over the group: column-parallel q|k|v, row-parallel o."
     def __init__(self, cfg: TextConfig, group: Group | None = None, reduce: str = "fp32",
                  dtype=torch.bfloat16, device=None):
         super().__init__()
-        g, nh, nkv, hd = group or Group.local(), cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
-        divide(nkv, g.size, "num_key_value_heads")   # name the culprit before ColumnParallelLinear does
-        self.head_dim, self.scale, self.gqa = hd, hd ** -0.5, nh > nkv   # HF passes enable_gqa when kv heads are shared
-        self.qkv_proj = tp_layer("layers.{i}.self_attn.qkv_proj", cfg.hidden_size, [nh * hd, nkv * hd, nkv * hd], g,
-                                 dtype=dtype, device=device)
+        g, nh, nkv = group or Group.local(), cfg.num_attention_heads, cfg.num_key_value_heads
+        hd = cfg.head_dim
+        # name the culprit before ColumnParallelLinear does
+        divide(nkv, g.size, "num_key_value_heads")
+        # HF passes enable_gqa when kv heads are shared
+        self.head_dim, self.scale, self.gqa = hd, hd ** -0.5, nh > nkv
+        self.qkv_proj = tp_layer("layers.{i}.self_attn.qkv_proj", cfg.hidden_size,
+                                 [nh * hd, nkv * hd, nkv * hd], g, dtype=dtype, device=device)
         self.q_norm = RMSNorm(hd, cfg.rms_norm_eps, dtype, device)
         self.k_norm = RMSNorm(hd, cfg.rms_norm_eps, dtype, device)
-        self.o_proj = tp_layer("layers.{i}.self_attn.o_proj", nh * hd, cfg.hidden_size, g, reduce=reduce,
-                               dtype=dtype, device=device)
+        self.o_proj = tp_layer("layers.{i}.self_attn.o_proj", nh * hd, cfg.hidden_size, g,
+                               reduce=reduce, dtype=dtype, device=device)
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, lens: list[int] | None = None
-                ) -> torch.Tensor:
-        "`x` [seq, hidden]; `lens`: the lengths of packed prompts, each attending causally within itself (None: one)."
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                lens: list[int] | None = None) -> torch.Tensor:
+        ("`x` [seq, hidden]; `lens`: the lengths of packed prompts, "
+         "each attending causally within itself (None: one).")
         return self.o_proj(self.attend(*self.qkv_proj(x), cos, sin, lens))
 
-    def attend(self, q, k, v, cos: torch.Tensor, sin: torch.Tensor, lens: list[int] | None = None) -> torch.Tensor:
-        "q/k norm, M-RoPE and causal attention of projected rows: [seq, heads * head_dim], the input of `o_proj`."
-        s = q.shape[0]
-        q, k, v = self.heads(q, k, v, cos, sin)
-        o = self.sdpa(q, k, v) if lens is None or len(lens) == 1 else self.packed(q, k, v, lens)
-        return o[0].transpose(0, 1).reshape(s, -1)   # (seq, heads * head_dim)
-
-    def heads(self, q, k, v, cos: torch.Tensor, sin: torch.Tensor) -> tuple:
-        "Projected rows as heads [heads, seq, head_dim]: q and k normed per head and rotated by M-RoPE."
-        s, hd = q.shape[0], self.head_dim
-        q, k, v = (t.view(s, -1, hd) for t in (q, k, v))   # (seq, heads, head_dim)
-        q, k = apply_rotary(self.q_norm(q).transpose(0, 1), self.k_norm(k).transpose(0, 1), cos, sin)
-        return q, k, v.transpose(0, 1)
-
-    def sdpa(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        "Causal attention of q, k, v [heads, seq, head_dim]: [1, heads, seq, head_dim]."
-        # 4-D like HF's [batch, heads, seq, hd]: on CPU, 3-D inputs take SDPA's math kernel (different bits)
-        return F.scaled_dot_product_attention(q[None], k[None], v[None], is_causal=True, scale=self.scale,
-                                              enable_gqa=self.gqa)
-
     def packed(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lens) -> torch.Tensor:
-        "`sdpa` of each packed prompt (`lens`: their lengths) within itself, one call a prompt (`attend_each`)."
+        ("`sdpa` of each packed prompt (`lens`: their lengths) within itself, "
+         "one call a prompt (`attend_each`).")
         return attend_each(self.sdpa, q, k, v, lens)
+
+# %% ../nbs/05_text.ipynb #1c3e76d3
+@patch
+def heads(self: Attention, q, k, v, cos: torch.Tensor, sin: torch.Tensor) -> tuple:
+    "Projected rows as heads [heads, seq, head_dim]: q and k normed per head and rotated by M-RoPE."
+    s, hd = q.shape[0], self.head_dim
+    q, k, v = (t.view(s, -1, hd) for t in (q, k, v))   # (seq, heads, head_dim)
+    q, k = apply_rotary(self.q_norm(q).transpose(0, 1), self.k_norm(k).transpose(0, 1), cos, sin)
+    return q, k, v.transpose(0, 1)
+
+# %% ../nbs/05_text.ipynb #d402e020
+@patch
+def sdpa(self: Attention, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    "Causal attention of q, k, v [heads, seq, head_dim]: [1, heads, seq, head_dim]."
+    # 4-D like HF's [batch, heads, seq, hd]:
+    # on CPU, 3-D inputs take SDPA's math kernel (different bits)
+    return F.scaled_dot_product_attention(q[None], k[None], v[None], is_causal=True,
+                                          scale=self.scale, enable_gqa=self.gqa)
+
+# %% ../nbs/05_text.ipynb #a291caa0
+@patch
+def attend(self: Attention, q, k, v, cos: torch.Tensor, sin: torch.Tensor,
+           lens: list[int] | None = None) -> torch.Tensor:
+    ("q/k norm, M-RoPE and causal attention of projected rows: [seq, heads * head_dim], "
+     "the input of `o_proj`.")
+    s = q.shape[0]
+    q, k, v = self.heads(q, k, v, cos, sin)
+    o = self.sdpa(q, k, v) if lens is None or len(lens) == 1 else self.packed(q, k, v, lens)
+    return o[0].transpose(0, 1).reshape(s, -1)   # (seq, heads * head_dim)
 
 # %% ../nbs/05_text.ipynb #cd831bb7
 class MLP(nn.Module):
@@ -111,16 +135,20 @@ class MLP(nn.Module):
     def __init__(self, cfg: TextConfig, group: Group | None = None, reduce: str = "fp32",
                  dtype=torch.bfloat16, device=None):
         super().__init__()
-        if cfg.hidden_act != "silu": raise ValueError(f"hidden_act={cfg.hidden_act!r}: the Qwen3-VL text MLP is 'silu'")
+        if cfg.hidden_act != "silu":
+            raise ValueError(f"hidden_act={cfg.hidden_act!r}: the Qwen3-VL text MLP is 'silu'")
         g, H, M = group or Group.local(), cfg.hidden_size, cfg.intermediate_size
         divide(M, g.size, "intermediate_size")
-        self.gate_up_proj = tp_layer("layers.{i}.mlp.gate_up_proj", H, [M, M], g, dtype=dtype, device=device)
-        self.down_proj = tp_layer("layers.{i}.mlp.down_proj", M, H, g, reduce=reduce, dtype=dtype, device=device)
+        self.gate_up_proj = tp_layer("layers.{i}.mlp.gate_up_proj", H, [M, M], g, dtype=dtype,
+                                     device=device)
+        self.down_proj = tp_layer("layers.{i}.mlp.down_proj", M, H, g, reduce=reduce, dtype=dtype,
+                                  device=device)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor: return self.down_proj(self.hidden(x))
 
     def hidden(self, x: torch.Tensor) -> torch.Tensor:
-        "`silu(gate) * up` of the rows `x`: this rank's slice of the MLP's activations, the input of `down_proj`."
+        ("`silu(gate) * up` of the rows `x`: this rank's slice of the MLP's activations, "
+         "the input of `down_proj`.")
         gate, up = self.gate_up_proj(x)
         return F.silu(gate) * up
 
@@ -135,32 +163,42 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype, device)
         self.mlp = MLP(cfg, group, reduce, dtype, device)
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, lens: list[int] | None = None
-                ) -> torch.Tensor:
-        "`x` [seq, hidden]; `cos`, `sin` [seq, head_dim] from `TextRotary`; `lens`: packed prompts' lengths."
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                lens: list[int] | None = None) -> torch.Tensor:
+        ("`x` [seq, hidden]; `cos`, `sin` [seq, head_dim] from `TextRotary`; "
+         "`lens`: packed prompts' lengths.")
         h = x + self.self_attn(self.input_layernorm(x), cos, sin, lens)
         return h + self.mlp(self.post_attention_layernorm(h))
 
 # %% ../nbs/05_text.ipynb #5a2a8d1f
 class TextModel(nn.Module):
-    "Embedding, the first `num_layers` decoder layers and M-RoPE; forward returns the unnormalized last state."
-    def __init__(self, cfg: TextConfig, num_layers: int, group: Group | None = None, reduce: str = "fp32",
-                 dtype=torch.bfloat16, device=None):
+    ("Embedding, the first `num_layers` decoder layers and M-RoPE; "
+     "forward returns the unnormalized last state.")
+    def __init__(self, cfg: TextConfig, num_layers: int, group: Group | None = None,
+                 reduce: str = "fp32", dtype=torch.bfloat16, device=None):
         super().__init__()
         if not 1 <= num_layers <= cfg.num_hidden_layers:
-            raise ValueError(f"num_layers={num_layers}: the text model has {cfg.num_hidden_layers} layers, "
+            raise ValueError(f"num_layers={num_layers}: "
+                             f"the text model has {cfg.num_hidden_layers} layers, "
                              f"keep 1..{cfg.num_hidden_layers}")
-        self.embed_tokens = tp_layer("embed_tokens", cfg.vocab_size, cfg.hidden_size, group, dtype, device)
-        self.layers = nn.ModuleList(DecoderLayer(cfg, group, reduce, dtype, device) for _ in range(num_layers))
+        self.embed_tokens = tp_layer("embed_tokens", cfg.vocab_size, cfg.hidden_size, group, dtype,
+                                     device)
+        self.layers = nn.ModuleList(DecoderLayer(cfg, group, reduce, dtype, device)
+                                    for _ in range(num_layers))
         self.rotary = TextRotary(cfg)
 
-    def forward(self, inputs_embeds: torch.Tensor, positions: torch.Tensor, visual_mask: torch.Tensor | None = None,
-                deepstack: list[torch.Tensor] | None = None, lens: list[int] | None = None) -> torch.Tensor:
-        ("`inputs_embeds` [seq, H], `positions` [3, seq]; DeepStack `deepstack[i]` added after layer i at the rows "
-         "that `visual_mask` selects (a boolean mask [seq] or row indices); `lens`: packed prompts' lengths.")
+    def forward(self, inputs_embeds: torch.Tensor, positions: torch.Tensor,
+                visual_mask: torch.Tensor | None = None,
+                deepstack: list[torch.Tensor] | None = None,
+                lens: list[int] | None = None) -> torch.Tensor:
+        ("`inputs_embeds` [seq, H], `positions` [3, seq]; "
+         "DeepStack `deepstack[i]` added after layer i at the rows "
+         "that `visual_mask` selects (a boolean mask [seq] or row indices); "
+         "`lens`: packed prompts' lengths.")
         cos, sin = self.rotary(positions, inputs_embeds.dtype)
         h = inputs_embeds
         for i, layer in enumerate(self.layers):
             h = layer(h, cos, sin, lens)
-            if deepstack is not None and i < len(deepstack): h = inject(h, visual_mask, deepstack[i])
+            if deepstack is not None and i < len(deepstack):
+                h = inject(h, visual_mask, deepstack[i])
         return h

@@ -12,31 +12,36 @@ import torch
 from .config import EncoderConfig
 
 # %% ../nbs/06a_tiny.ipynb #1fbe29a8
-def synthetic_inputs(cfg: EncoderConfig, images=((1, 4, 6),), videos=((2, 4, 4),), text_len: int = 5,
-                     seed: int = 0) -> dict:
-    ("Random token ids with image/video placeholders for grids `images` and `videos` ((t, h, w) in patches), "
-     "and pixel values.")
+def synthetic_inputs(cfg: EncoderConfig, images=((1, 4, 6),), videos=((2, 4, 4),),
+                     text_len: int = 5, seed: int = 0) -> dict:
+    ("Random token ids with image/video placeholders for grids `images` and `videos` "
+     "((t, h, w) in patches), and pixel values.")
     g = torch.Generator().manual_seed(seed)
-    special = {cfg.image_token_id, cfg.video_token_id, cfg.vision_start_token_id, cfg.vision_end_token_id}
+    special = {cfg.image_token_id, cfg.video_token_id, cfg.vision_start_token_id,
+               cfg.vision_end_token_id}
     def text(n):
         ids = torch.randint(0, cfg.text.vocab_size, (n,), generator=g)
         return [int(i) for i in ids if int(i) not in special]
     merge, ids, out = cfg.vision.spatial_merge_size ** 2, text(text_len), {}
-    for kind, grids, tok in (("", images, cfg.image_token_id), ("_videos", videos, cfg.video_token_id)):
-        # a video is one placeholder run per temporal patch, after its timestamp text (as HF's processor)
+    for kind, grids, tok in (("", images, cfg.image_token_id),
+                             ("_videos", videos, cfg.video_token_id)):
+        # a video is one placeholder run per temporal patch, after its timestamp text
+        # (as HF's processor)
         for t, h, w in grids:
             for _ in range(t if kind else 1):
                 ids += (text(2 if kind else 0) + [cfg.vision_start_token_id]
                         + [tok] * ((1 if kind else t) * h * w // merge) + [cfg.vision_end_token_id])
             ids += text(text_len)
         if grids:
-            out[f"pixel_values{kind}"] = torch.randn(sum(t * h * w for t, h, w in grids), cfg.vision.patch_dim,
-                                                     generator=g)
-            out["image_grid_thw" if kind == "" else "video_grid_thw"] = torch.tensor(grids, dtype=torch.long)
+            rows = sum(t * h * w for t, h, w in grids)
+            out[f"pixel_values{kind}"] = torch.randn(rows, cfg.vision.patch_dim, generator=g)
+            grid_key = "image_grid_thw" if kind == "" else "video_grid_thw"
+            out[grid_key] = torch.tensor(grids, dtype=torch.long)
     return dict(input_ids=torch.tensor(ids, dtype=torch.long), **out)
 
 # %% ../nbs/06a_tiny.ipynb #1c687f7f
-def make_tiny_checkpoint(dir, config: EncoderConfig, seed: int = 0, max_shard_size: int | str | None = None,
+def make_tiny_checkpoint(dir, config: EncoderConfig, seed: int = 0,
+                         max_shard_size: int | str | None = None,
                          dtype: torch.dtype = torch.bfloat16) -> Path:
     ("Write a random HF-format Qwen3-VL checkpoint for `config` (all its text layers) to `dir`, "
      "sharded at `max_shard_size`.")
@@ -45,12 +50,15 @@ def make_tiny_checkpoint(dir, config: EncoderConfig, seed: int = 0, max_shard_si
     torch.manual_seed(seed)
     model = Qwen3VLForConditionalGeneration(config.to_hf())
     with torch.no_grad():
-        for p in model.parameters(): p.add_(torch.randn_like(p) * 0.02)   # norms and biases random too
+        # norms and biases random too
+        for p in model.parameters(): p.add_(torch.randn_like(p) * 0.02)
     bar = logging.is_progress_bar_enabled()
     logging.disable_progress_bar()
-    try: model.to(dtype).save_pretrained(dir, **({} if max_shard_size is None else dict(max_shard_size=max_shard_size)))
+    shards = {} if max_shard_size is None else dict(max_shard_size=max_shard_size)
+    try: model.to(dtype).save_pretrained(dir, **shards)
     finally:
         if bar: logging.enable_progress_bar()
     umask = os.umask(0o022); os.umask(umask)
-    for f in Path(dir).glob("*.safetensors"): f.chmod(0o666 & ~umask)   # as config.json (HF's weights come as 0600)
+    # as config.json (HF's weights come as 0600)
+    for f in Path(dir).glob("*.safetensors"): f.chmod(0o666 & ~umask)
     return Path(dir)

@@ -13,81 +13,105 @@ from dataclasses import dataclass
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from fastcore.basics import patch
 from .dist import Group
 
 # %% ../nbs/02_tp.ipynb #1c3f5a50
 def divide(n: int, d: int, what: str = "size") -> int:
     "`n // d`, or a `ValueError` naming `what` when `d` does not divide `n`."
     if d < 1 or n % d:
+        divisors = [k for k in range(1, min(n, 64) + 1) if n % k == 0]
         raise ValueError(f"{what} {n} is not divisible by the tensor-parallel size {d}; "
-                         f"sizes that divide it: {[k for k in range(1, min(n, 64) + 1) if n % k == 0]}")
+                         f"sizes that divide it: {divisors}")
     return n // d
 
-def shard(t: torch.Tensor, dim: int, rank: int, world: int, splits: list[int] | None = None) -> torch.Tensor:
-    "Rank `rank`'s 1/`world` slice of `t` along `dim`; with `splits`, slice each part and concatenate."
+# %% ../nbs/02_tp.ipynb #593d90d2
+def shard(t: torch.Tensor, dim: int, rank: int, world: int,
+          splits: list[int] | None = None) -> torch.Tensor:
+    ("Rank `rank`'s 1/`world` slice of `t` along `dim`; "
+     "with `splits`, slice each part and concatenate.")
     parts = t.split(splits, dim) if splits else (t,)
-    pieces = [p.narrow(dim, rank * (n := divide(p.shape[dim], world, f"dim {dim} of size")), n) for p in parts]
+    size = f"dim {dim} of size"
+    pieces = [p.narrow(dim, rank * (n := divide(p.shape[dim], world, size)), n) for p in parts]
     return pieces[0] if len(pieces) == 1 else torch.cat(pieces, dim)
 
 # %% ../nbs/02_tp.ipynb #4e53f664
-def _no_split(layer: nn.Module, split):
-    if split is not None:
-        raise ValueError(f"{type(layer).__name__} holds one tensor: load it with split=None, got {split!r}")
-
 class VocabParallelEmbedding(nn.Module):
-    "Embedding table split by rows (vocabulary) over the group, padded to a multiple of its size; output replicated."
+    ("Embedding table split by rows (vocabulary) over the group, padded to a multiple of its size; "
+     "output replicated.")
     shard_dim = 0   # the weight's rows are split over the group
-    def __init__(self, num_embeddings: int, dim: int, group: Group | None = None, dtype=torch.bfloat16, device=None):
+    def __init__(self, num_embeddings: int, dim: int, group: Group | None = None,
+                 dtype=torch.bfloat16, device=None):
         super().__init__()
         self.group, self.num_embeddings = group or Group.local(), num_embeddings
-        self.per_rank = -(-num_embeddings // self.group.size)              # ceil: any vocabulary at any TP size
-        self.padding = self.per_rank * self.group.size - num_embeddings    # zero rows after the last real one
+        # ceil: any vocabulary at any TP size
+        self.per_rank = -(-num_embeddings // self.group.size)
+        # zero rows after the last real one
+        self.padding = self.per_rank * self.group.size - num_embeddings
         self.start = self.group.rank * self.per_rank
-        self.rows = max(0, min(self.per_rank, num_embeddings - self.start))   # this rank's real rows, then padding
-        self.weight = nn.Parameter(torch.empty(self.per_rank, dim, dtype=dtype, device=device), requires_grad=False)
+        # this rank's real rows, then padding
+        self.rows = max(0, min(self.per_rank, num_embeddings - self.start))
+        self.weight = nn.Parameter(torch.empty(self.per_rank, dim, dtype=dtype, device=device),
+                                   requires_grad=False)
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         if self.group.size == 1: return F.embedding(ids, self.weight)
         return self.group.all_reduce(self.lookup(ids))
 
-    def lookup(self, ids: torch.Tensor) -> torch.Tensor:
-        "This rank's term of the lookup: its rows for the ids in its range, zeros for the others."
-        local = ids - self.start
-        outside = (local < 0) | (local >= self.per_rank)
-        return F.embedding(local.masked_fill(outside, 0), self.weight).masked_fill(outside[..., None], 0)
+# %% ../nbs/02_tp.ipynb #fd6a70ba
+@patch
+def lookup(self: VocabParallelEmbedding, ids: torch.Tensor) -> torch.Tensor:
+    "This rank's term of the lookup: its rows for the ids in its range, zeros for the others."
+    local = ids - self.start
+    outside = (local < 0) | (local >= self.per_rank)
+    rows = F.embedding(local.masked_fill(outside, 0), self.weight)
+    return rows.masked_fill(outside[..., None], 0)
 
-    def load(self, full_weight: torch.Tensor, split: None = None):
-        "Copy this rank's rows from the full (unsharded, unpadded) table; the padding rows are zeros."
-        _no_split(self, split)
-        if full_weight.shape[0] != self.num_embeddings:
-            raise ValueError(f"the table has {full_weight.shape[0]} rows but the vocabulary is {self.num_embeddings}")
-        self.weight.data[self.rows:].zero_()
-        if self.rows: self.weight.data[:self.rows].copy_(full_weight.narrow(0, self.start, self.rows))
+# %% ../nbs/02_tp.ipynb #d3c6d01a
+def _no_split(layer: nn.Module, split):
+    if split is not None:
+        raise ValueError(f"{type(layer).__name__} holds one tensor: "
+                         f"load it with split=None, got {split!r}")
+
+# %% ../nbs/02_tp.ipynb #3f61639b
+@patch
+def load(self: VocabParallelEmbedding, full_weight: torch.Tensor, split: None = None):
+    "Copy this rank's rows from the full (unsharded, unpadded) table; the padding rows are zeros."
+    _no_split(self, split)
+    if full_weight.shape[0] != self.num_embeddings:
+        raise ValueError(f"the table has {full_weight.shape[0]} rows "
+                         f"but the vocabulary is {self.num_embeddings}")
+    self.weight.data[self.rows:].zero_()
+    if self.rows: self.weight.data[:self.rows].copy_(full_weight.narrow(0, self.start, self.rows))
 
 # %% ../nbs/02_tp.ipynb #cb31aaa1
 _ON_META = contextvars.ContextVar("projections_on_meta", default=False)
 
 @contextlib.contextmanager
 def projections_on_meta():
-    ("Within: column- and row-parallel linears are built on the meta device (shapes, no memory), for a caller that "
-     "replaces each or materializes it (`to_empty`) before loading: a block-FP8 load never holds bf16 projections.")
+    ("Within: column- and row-parallel linears are built on the meta device (shapes, no memory), "
+     "for a caller that replaces each or materializes it (`to_empty`) before loading: "
+     "a block-FP8 load never holds bf16 projections.")
     token = _ON_META.set(True)
     try: yield
     finally: _ON_META.reset(token)
 
+# %% ../nbs/02_tp.ipynb #57e3f2e4
 class ColumnParallelLinear(nn.Module):
     "A linear whose output features (one or more logical `splits`) are sharded over the group."
-    shard_dim = 0   # the weight's rows (output features) are split over the group, each logical split on its own
+    # the weight's rows (output features) are split over the group, each logical split on its own
+    shard_dim = 0
     padding = 0     # nothing added to the full weight: the group must divide every split
-    def __init__(self, in_features: int, splits: list[int], group: Group | None = None, bias: bool = False,
-                 dtype=torch.bfloat16, device=None):
+    def __init__(self, in_features: int, splits: list[int], group: Group | None = None,
+                 bias: bool = False, dtype=torch.bfloat16, device=None):
         super().__init__()
         self.group, self.splits = group or Group.local(), list(splits)
         self.local_splits = [divide(s, self.group.size, "output size") for s in splits]
-        device = "meta" if _ON_META.get() else device
-        self.weight = nn.Parameter(torch.empty(sum(self.local_splits), in_features, dtype=dtype, device=device),
+        device, rows = "meta" if _ON_META.get() else device, sum(self.local_splits)
+        self.weight = nn.Parameter(torch.empty(rows, in_features, dtype=dtype, device=device),
                                    requires_grad=False)
-        self.bias = (nn.Parameter(torch.empty(sum(self.local_splits), dtype=dtype, device=device), requires_grad=False)
+        self.bias = (nn.Parameter(torch.empty(rows, dtype=dtype, device=device),
+                                  requires_grad=False)
                      if bias else None)
 
     def forward(self, x: torch.Tensor) -> list[torch.Tensor]:
@@ -95,47 +119,57 @@ class ColumnParallelLinear(nn.Module):
         bs = self.bias.split(self.local_splits) if self.bias is not None else [None] * len(ws)
         return [F.linear(x, w, b) for w, b in zip(ws, bs)]
 
-    def load(self, full_weight: torch.Tensor, split: int | None = None):
-        "Copy this rank's rows of logical projection `split` (None: the only one) from its full (unsharded) weight."
-        if split is None and len(self.splits) > 1:
-            raise ValueError(f"a fused weight of {len(self.splits)} splits: name the split")
-        i = split or 0
-        off = sum(self.local_splits[:i])
-        self.weight.data[off:off + self.local_splits[i]].copy_(shard(full_weight, 0, self.group.rank, self.group.size))
+# %% ../nbs/02_tp.ipynb #f42dc029
+@patch
+def load(self: ColumnParallelLinear, full_weight: torch.Tensor,  # noqa: F811 (a method: @patch)
+         split: int | None = None):
+    ("Copy this rank's rows of logical projection `split` (None: the only one) "
+     "from its full (unsharded) weight.")
+    if split is None and len(self.splits) > 1:
+        raise ValueError(f"a fused weight of {len(self.splits)} splits: name the split")
+    i = split or 0
+    off = sum(self.local_splits[:i])
+    rows = shard(full_weight, 0, self.group.rank, self.group.size)
+    self.weight.data[off:off + self.local_splits[i]].copy_(rows)
 
 # %% ../nbs/02_tp.ipynb #f5b7749e
 @dataclass(frozen=True)
 class Reduce:
-    "A reduction precision: the dtypes of a row-parallel layer's partial GEMMs and of their sum over the group."
+    ("A reduction precision: the dtypes of a row-parallel layer's partial GEMMs "
+     "and of their sum over the group.")
     partials: torch.dtype | None   # the partial GEMMs' output (None: the activations' dtype)
-    acc: torch.dtype | None        # what the partials are summed in from TP 3 on (None: their own; at TP 2, see below)
+    # what the partials are summed in from TP 3 on (None: their own; at TP 2, see below)
+    acc: torch.dtype | None
 
     def partial_dtype(self, dtype: torch.dtype, size: int) -> torch.dtype:
         "The partials' dtype for activations of `dtype` in a group of `size`."
         return self.partials if self.partials is not None and size > 1 else dtype
 
     def acc_dtype(self, size: int) -> torch.dtype | None:
-        ("The dtype the partials travel and are summed in, in a group of `size` (None: their own). `fp32` at TP 2 "
-         "sends the bf16 partials: their sum, rounded once to bf16, is the fp32 sum rounded to bf16, for half the "
-         "bytes.")
+        ("The dtype the partials travel and are summed in, in a group of `size` (None: their own). "
+         "`fp32` at TP 2 sends the bf16 partials: their sum, rounded once to bf16, "
+         "is the fp32 sum rounded to bf16, for half the bytes.")
         return self.acc if size > 2 else None
 
     def sum_dtype(self, dtype: torch.dtype, size: int) -> torch.dtype:
         "The dtype a row-parallel sum travels in, for activations of `dtype` in a group of `size`."
         return self.acc_dtype(size) or self.partial_dtype(dtype, size)
 
+# %% ../nbs/02_tp.ipynb #c4244833
 REDUCES = {"bf16": Reduce(None, None), "fp32": Reduce(None, torch.float32),
            "fp32-partials": Reduce(torch.float32, None)}
 REDUCE_MODES = tuple(REDUCES)
 
+# %% ../nbs/02_tp.ipynb #380abcdd
 def check_reduce(reduce: str) -> str:
     "`reduce`, or a `ValueError` naming the choices."
     if reduce not in REDUCES: raise ValueError(f"reduce={reduce!r}: choose one of {REDUCE_MODES}")
     return reduce
 
+# %% ../nbs/02_tp.ipynb #54ed0297
 class RowSum:
-    ("What every row-parallel linear shares (bf16 here, FP8 in `fp8`): its `partial` term, summed over the group in "
-     "`acc`, `finish`ed.")
+    ("What every row-parallel linear shares (bf16 here, FP8 in `fp8`): its `partial` term, "
+     "summed over the group in `acc`, `finish`ed.")
     @property
     def mode(self) -> Reduce: return REDUCES[self.reduce]
 
@@ -145,7 +179,8 @@ class RowSum:
         return self.mode.acc_dtype(self.group.size)
 
     def finish(self, total: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-        "The output from the summed partials: rounded to `dtype`, the bias added once, after the sum."
+        ("The output from the summed partials: rounded to `dtype`, "
+         "the bias added once, after the sum.")
         y = total.to(dtype)
         return y if self.bias is None else y + self.bias
 
@@ -153,33 +188,44 @@ class RowSum:
         if self.group.size == 1: return self.finish(self.partial(x), x.dtype)
         return self.finish(self.group.all_reduce(self.partial(x), self.acc), x.dtype)
 
+# %% ../nbs/02_tp.ipynb #8954a126
 class RowParallelLinear(RowSum, nn.Module):
-    "A linear whose input features are sharded over the group; partial outputs all-reduced per `reduce`."
+    ("A linear whose input features are sharded over the group; "
+     "partial outputs all-reduced per `reduce`.")
     shard_dim = 1   # the weight's columns (input features) are split over the group
     padding = 0     # nothing added to the full weight: the group must divide the input features
-    def __init__(self, in_features: int, out_features: int, group: Group | None = None, bias: bool = False,
-                 reduce: str = "fp32", dtype=torch.bfloat16, device=None):
+    def __init__(self, in_features: int, out_features: int, group: Group | None = None,
+                 bias: bool = False, reduce: str = "fp32", dtype=torch.bfloat16, device=None):
         super().__init__()
         self.group, self.reduce = group or Group.local(), check_reduce(reduce)
         device = "meta" if _ON_META.get() else device
-        self.weight = nn.Parameter(torch.empty(out_features, divide(in_features, self.group.size, "input size"),
-                                               dtype=dtype, device=device), requires_grad=False)
-        self.bias = (nn.Parameter(torch.empty(out_features, dtype=dtype, device=device), requires_grad=False)
+        cols = divide(in_features, self.group.size, "input size")
+        self.weight = nn.Parameter(torch.empty(out_features, cols, dtype=dtype, device=device),
+                                   requires_grad=False)
+        self.bias = (nn.Parameter(torch.empty(out_features, dtype=dtype, device=device),
+                                  requires_grad=False)
                      if bias else None)
 
-    def partial(self, x: torch.Tensor) -> torch.Tensor:
-        "This rank's term of the output: its input columns times its weight columns (in fp32 for `fp32-partials`)."
-        dt = self.mode.partial_dtype(x.dtype, self.group.size)
-        return F.linear(x, self.weight) if dt == x.dtype else F.linear(x.to(dt), self.weight.to(dt))
-
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.group.size == 1: return F.linear(x, self.weight, self.bias)   # bias in the GEMM: nn.Linear's bits
+        # bias in the GEMM: nn.Linear's bits
+        if self.group.size == 1: return F.linear(x, self.weight, self.bias)
         return super().forward(x)
 
-    def load(self, full_weight: torch.Tensor, split: None = None):
-        "Copy this rank's columns from the full (unsharded) weight."
-        _no_split(self, split)
-        self.weight.data.copy_(shard(full_weight, 1, self.group.rank, self.group.size))
+# %% ../nbs/02_tp.ipynb #f58561dd
+@patch
+def partial(self: RowParallelLinear, x: torch.Tensor) -> torch.Tensor:
+    ("This rank's term of the output: its input columns times its weight columns "
+     "(in fp32 for `fp32-partials`).")
+    dt = self.mode.partial_dtype(x.dtype, self.group.size)
+    return F.linear(x, self.weight) if dt == x.dtype else F.linear(x.to(dt), self.weight.to(dt))
+
+# %% ../nbs/02_tp.ipynb #67fe3c99
+@patch
+def load(self: RowParallelLinear, full_weight: torch.Tensor,  # noqa: F811 (a method: @patch)
+         split: None = None):
+    "Copy this rank's columns from the full (unsharded) weight."
+    _no_split(self, split)
+    self.weight.data.copy_(shard(full_weight, 1, self.group.rank, self.group.size))
 
 # %% ../nbs/02_tp.ipynb #abddfd15
 STYLES = {"vocab": VocabParallelEmbedding, "column": ColumnParallelLinear, "row": RowParallelLinear}

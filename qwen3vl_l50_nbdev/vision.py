@@ -12,7 +12,9 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 from .config import VisionConfig
-from .rope import VisionRotary, vision_positions, apply_rotary, grid_rows, check_grids
+from fastcore.basics import patch
+from .rope import (
+    VisionRotary, vision_positions, apply_rotary, grid_rows, check_grids)
 
 # %% ../nbs/04_vision.ipynb #ac87410a
 class PatchEmbed(nn.Module):
@@ -20,16 +22,19 @@ class PatchEmbed(nn.Module):
     def __init__(self, cfg: VisionConfig, dtype=torch.bfloat16, device=None):
         super().__init__()
         self.cfg, k = cfg, (cfg.temporal_patch_size, cfg.patch_size, cfg.patch_size)
-        self.proj = nn.Conv3d(cfg.in_channels, cfg.hidden_size, k, stride=k, bias=True, dtype=dtype, device=device)
+        self.proj = nn.Conv3d(cfg.in_channels, cfg.hidden_size, k, stride=k, bias=True,
+                              dtype=dtype, device=device)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         c, w = self.cfg, self.proj.weight
-        x = x.view(-1, c.in_channels, c.temporal_patch_size, c.patch_size, c.patch_size)   # (n, C, T, P, P)
+        # (n, C, T, P, P)
+        x = x.view(-1, c.in_channels, c.temporal_patch_size, c.patch_size, c.patch_size)
         return self.proj(x.to(w.dtype)).view(-1, c.hidden_size)
 
 # %% ../nbs/04_vision.ipynb #02fb2ce3
 def _axis_taps(n: int, side: int):
-    "Bilinear (align_corners=True) taps [n, 2] into a `side`-long axis and their fp32 weights, for `n` points."
+    ("Bilinear (align_corners=True) taps [n, 2] into a `side`-long axis and their fp32 weights, "
+     "for `n` points.")
     src = torch.arange(n, dtype=torch.float32) * (side - 1) / max(n - 1, 1)
     floor, off = src.floor(), torch.arange(2)
     return ((floor.long()[:, None] + off).clamp(0, side - 1),
@@ -37,44 +42,57 @@ def _axis_taps(n: int, side: int):
 
 # %% ../nbs/04_vision.ipynb #bfea83c1
 def pos_interp(grid_thw, side: int, merge: int, device=None):
-    ("Rows of the flattened `side x side` position table and their bilinear weights, [n_patches, 4] each, "
-     "in patch order.")
+    ("Rows of the flattened `side x side` position table and their bilinear weights, "
+     "[n_patches, 4] each, in patch order.")
     idx, wts = [], []
     for t, h, w in grid_rows(grid_thw):
         (hi, hw), (wi, ww) = _axis_taps(h, side), _axis_taps(w, side)
-        order = lambda a: a.reshape(h // merge, merge, w // merge, merge, 4).transpose(1, 2).reshape(-1, 4).repeat(t, 1)
-        idx.append(order(hi[:, None, :, None] * side + wi[None, :, None, :]))   # (h, w, 2, 2) -> blocks
+        def order(a):
+            blocks = a.reshape(h // merge, merge, w // merge, merge, 4).transpose(1, 2)
+            return blocks.reshape(-1, 4).repeat(t, 1)
+        # (h, w, 2, 2) -> blocks
+        idx.append(order(hi[:, None, :, None] * side + wi[None, :, None, :]))
         wts.append(order(hw[:, None, :, None] * ww[None, :, None, :]))
     return torch.cat(idx).to(device), torch.cat(wts).to(device)
 
 # %% ../nbs/04_vision.ipynb #7a2b1381
-def attend_frames(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lens, scale: float) -> torch.Tensor:
-    ("Attention of q, k, v [seq, heads, head_dim] within segments of `lens` (a list or tensor), one call a segment "
-     "(HF's): [seq, heads * head_dim].")
+def attend_frames(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lens,
+                  scale: float) -> torch.Tensor:
+    ("Attention of q, k, v [seq, heads, head_dim] within segments of `lens` (a list or tensor), "
+     "one call a segment (HF's): [seq, heads * head_dim].")
     lens, s = lens.tolist() if torch.is_tensor(lens) else list(lens), q.shape[0]
-    q, k, v = (t.transpose(0, 1)[None] for t in (q, k, v))                               # (1, heads, seq, head_dim)
-    o = [F.scaled_dot_product_attention(*qkv, scale=scale) for qkv in zip(*(t.split(lens, 2) for t in (q, k, v)))]
+    q, k, v = (t.transpose(0, 1)[None] for t in (q, k, v))   # (1, heads, seq, head_dim)
+    segments = zip(*(t.split(lens, 2) for t in (q, k, v)))
+    o = [F.scaled_dot_product_attention(*qkv, scale=scale) for qkv in segments]
     return torch.cat(o, 2)[0].transpose(0, 1).reshape(s, -1)
 
+# %% ../nbs/04_vision.ipynb #d3108a58
 class Attention(nn.Module):
-    "Multi-head self-attention within segments of lengths `lens`, with the 2-D rotary applied in fp32."
+    ("Multi-head self-attention within segments of lengths `lens`, "
+     "with the 2-D rotary applied in fp32.")
     def __init__(self, cfg: VisionConfig, dtype=torch.bfloat16, device=None):
         super().__init__()
         self.heads, self.scale = cfg.num_heads, cfg.head_dim ** -0.5
-        self.qkv = nn.Linear(cfg.hidden_size, 3 * cfg.hidden_size, bias=True, dtype=dtype, device=device)
-        self.proj = nn.Linear(cfg.hidden_size, cfg.hidden_size, bias=True, dtype=dtype, device=device)
+        kw = dict(bias=True, dtype=dtype, device=device)
+        self.qkv = nn.Linear(cfg.hidden_size, 3 * cfg.hidden_size, **kw)
+        self.proj = nn.Linear(cfg.hidden_size, cfg.hidden_size, **kw)
 
     def forward(self, x: torch.Tensor, lens, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        "`x` [seq, hidden]; `lens`: the segments' lengths (a list, or a tensor: fast mode's compiled blocks)."
+        ("`x` [seq, hidden]; `lens`: the segments' lengths "
+         "(a list, or a tensor: fast mode's compiled blocks).")
         s = x.shape[0]
-        q, k, v = self.qkv(x).reshape(s, 3, self.heads, -1).permute(1, 0, 2, 3).unbind(0)  # 3 x (seq, heads, head_dim)
+        # 3 x (seq, heads, head_dim)
+        q, k, v = self.qkv(x).reshape(s, 3, self.heads, -1).permute(1, 0, 2, 3).unbind(0)
         q, k = (t.to(x.dtype) for t in apply_rotary(q.float(), k.float(), cos, sin))
         if len(lens) > 1: return self.proj(self.frames(q, k, v, lens))
-        q, k, v = (t.transpose(0, 1)[None] for t in (q, k, v))   # one segment (a picture): inside a compiled graph
-        return self.proj(F.scaled_dot_product_attention(q, k, v, scale=self.scale)[0].transpose(0, 1).reshape(s, -1))
+        # one segment (a picture): inside a compiled graph
+        q, k, v = (t.transpose(0, 1)[None] for t in (q, k, v))
+        o = F.scaled_dot_product_attention(q, k, v, scale=self.scale)[0]
+        return self.proj(o.transpose(0, 1).reshape(s, -1))
 
     def frames(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lens) -> torch.Tensor:
-        "Attention of q, k, v [seq, heads, head_dim] within several segments (frames): `attend_frames`."
+        ("Attention of q, k, v [seq, heads, head_dim] within several segments (frames): "
+         "`attend_frames`.")
         return attend_frames(q, k, v, lens, self.scale)
 
 # %% ../nbs/04_vision.ipynb #7e508fbe
@@ -84,18 +102,24 @@ class MLP(nn.Module):
     "linear_fc1 -> activation -> linear_fc2."
     def __init__(self, cfg: VisionConfig, dtype=torch.bfloat16, device=None):
         super().__init__()
-        if cfg.hidden_act not in _ACT: raise ValueError(f"vision hidden_act={cfg.hidden_act!r}: supported {list(_ACT)}")
+        if cfg.hidden_act not in _ACT:
+            raise ValueError(f"vision hidden_act={cfg.hidden_act!r}: supported {list(_ACT)}")
         self.act = _ACT[cfg.hidden_act]
-        self.linear_fc1 = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=True, dtype=dtype, device=device)
-        self.linear_fc2 = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=True, dtype=dtype, device=device)
+        kw = dict(bias=True, dtype=dtype, device=device)
+        self.linear_fc1 = nn.Linear(cfg.hidden_size, cfg.intermediate_size, **kw)
+        self.linear_fc2 = nn.Linear(cfg.intermediate_size, cfg.hidden_size, **kw)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor: return self.linear_fc2(self.act(self.linear_fc1(x)))
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.linear_fc2(self.act(self.linear_fc1(x)))
 
+# %% ../nbs/04_vision.ipynb #b89141d6
 class Block(nn.Module):
     "Pre-norm transformer block: attention within frames, then MLP."
     def __init__(self, cfg: VisionConfig, dtype=torch.bfloat16, device=None):
         super().__init__()
-        self.norm1, self.norm2 = (nn.LayerNorm(cfg.hidden_size, eps=1e-6, dtype=dtype, device=device) for _ in range(2))
+        self.norm1, self.norm2 = (nn.LayerNorm(cfg.hidden_size, eps=1e-6, dtype=dtype,
+                                               device=device)
+                                  for _ in range(2))
         self.attn, self.mlp = Attention(cfg, dtype, device), MLP(cfg, dtype, device)
 
     def forward(self, x, lens, cos, sin):
@@ -104,76 +128,95 @@ class Block(nn.Module):
 
 # %% ../nbs/04_vision.ipynb #21d12fac
 class PatchMerger(nn.Module):
-    "LayerNorm, fuse merge² neighbouring patches into one vector, 2-layer GELU MLP to `out_hidden_size`."
-    def __init__(self, cfg: VisionConfig, postshuffle_norm: bool = False, dtype=torch.bfloat16, device=None):
+    ("LayerNorm, fuse merge² neighbouring patches into one vector, "
+     "2-layer GELU MLP to `out_hidden_size`.")
+    def __init__(self, cfg: VisionConfig, postshuffle_norm: bool = False, dtype=torch.bfloat16,
+                 device=None):
         super().__init__()
-        self.dim, self.postshuffle_norm = cfg.hidden_size * cfg.spatial_merge_size ** 2, postshuffle_norm
+        self.dim = cfg.hidden_size * cfg.spatial_merge_size ** 2
+        self.postshuffle_norm = postshuffle_norm
         self.norm = nn.LayerNorm(self.dim if postshuffle_norm else cfg.hidden_size, eps=1e-6,
                                  dtype=dtype, device=device)
         self.linear_fc1 = nn.Linear(self.dim, self.dim, bias=True, dtype=dtype, device=device)
-        self.linear_fc2 = nn.Linear(self.dim, cfg.out_hidden_size, bias=True, dtype=dtype, device=device)
+        self.linear_fc2 = nn.Linear(self.dim, cfg.out_hidden_size, bias=True, dtype=dtype,
+                                    device=device)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # (tokens, merge²·hidden)
-        x = self.norm(x.view(-1, self.dim)) if self.postshuffle_norm else self.norm(x).view(-1, self.dim)
+        x = (self.norm(x.view(-1, self.dim)) if self.postshuffle_norm
+             else self.norm(x).view(-1, self.dim))
         return self.linear_fc2(F.gelu(self.linear_fc1(x)))
 
 # %% ../nbs/04_vision.ipynb #c06b6c72
 def check_pixels(pixel_values: torch.Tensor, grid_thw, cfg: VisionConfig,
                  names=("pixel_values", "grid_thw")) -> list[list[int]]:
-    ("The grids of `grid_thw`, checked (`rope.check_grids`) against `pixel_values` [patches, patch_dim]; "
-     "`names` for the messages.")
+    ("The grids of `grid_thw`, checked (`rope.check_grids`) against `pixel_values` "
+     "[patches, patch_dim]; `names` for the messages.")
     pv, gname = names
     if pixel_values.ndim != 2 or pixel_values.shape[1] != cfg.patch_dim:
-        raise ValueError(f"{pv} must be [patches, {cfg.patch_dim}] (channels {cfg.in_channels} x temporal patch "
-                         f"{cfg.temporal_patch_size} x patch {cfg.patch_size}x{cfg.patch_size}), "
+        raise ValueError(f"{pv} must be [patches, {cfg.patch_dim}] (channels {cfg.in_channels} "
+                         f"x temporal patch {cfg.temporal_patch_size} "
+                         f"x patch {cfg.patch_size}x{cfg.patch_size}), "
                          f"got {list(pixel_values.shape)}")
-    if grid_thw is None: raise ValueError(f"{pv} needs {gname}: one (t, h, w) row per image or video")
+    if grid_thw is None:
+        raise ValueError(f"{pv} needs {gname}: one (t, h, w) row per image or video")
     grids = check_grids(grid_thw, cfg.spatial_merge_size, gname)
     if (n := sum(t * h * w for t, h, w in grids)) != len(pixel_values):
-        raise ValueError(f"{pv} has {len(pixel_values)} rows but {gname} {grids} describes {n} patches "
-                         "(the sum of t·h·w)")
+        raise ValueError(f"{pv} has {len(pixel_values)} rows but {gname} {grids} "
+                         f"describes {n} patches (the sum of t·h·w)")
     return grids
 
 # %% ../nbs/04_vision.ipynb #898b11bd
 class VisionModel(nn.Module):
-    "Qwen3-VL vision tower (HF parameter names): (pixel_values, grid_thw) -> (merged tokens, DeepStack features)."
+    ("Qwen3-VL vision tower (HF parameter names): "
+     "(pixel_values, grid_thw) -> (merged tokens, DeepStack features).")
     def __init__(self, cfg: VisionConfig, dtype=torch.bfloat16, device=None):
         super().__init__()
         self.cfg, self.side = cfg, math.isqrt(cfg.num_position_embeddings)
         if self.side ** 2 != cfg.num_position_embeddings:
-            raise ValueError(f"num_position_embeddings={cfg.num_position_embeddings} must be a square "
-                             "(a side x side grid)")
+            raise ValueError(f"num_position_embeddings={cfg.num_position_embeddings} "
+                             "must be a square (a side x side grid)")
         kw = dict(dtype=dtype, device="meta")   # allocated uninitialised below: load a state dict
         self.patch_embed = PatchEmbed(cfg, **kw)
-        # given its (meta) weight: no random init, whose normal_ on the meta device would load the compiler
-        self.pos_embed = nn.Embedding.from_pretrained(torch.empty(cfg.num_position_embeddings, cfg.hidden_size, **kw))
+        # given its (meta) weight: no random init,
+        # whose normal_ on the meta device would load the compiler
+        table = torch.empty(cfg.num_position_embeddings, cfg.hidden_size, **kw)
+        self.pos_embed = nn.Embedding.from_pretrained(table)
         self.rotary = VisionRotary(cfg)         # no parameters
         self.blocks = nn.ModuleList(Block(cfg, **kw) for _ in range(cfg.depth))
         self.merger = PatchMerger(cfg, False, **kw)
-        self.deepstack_merger_list = nn.ModuleList(PatchMerger(cfg, True, **kw) for _ in cfg.deepstack_visual_indexes)
+        self.deepstack_merger_list = nn.ModuleList(PatchMerger(cfg, True, **kw)
+                                                   for _ in cfg.deepstack_visual_indexes)
         self.to_empty(device=device or torch.get_default_device()).requires_grad_(False)
 
-    def forward(self, pixel_values: torch.Tensor, grid_thw: torch.Tensor) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    def forward(self, pixel_values: torch.Tensor,
+                grid_thw: torch.Tensor) -> tuple[torch.Tensor, list[torch.Tensor]]:
         return self.encode(*self.embed(pixel_values, grid_thw))
 
-    def embed(self, pixel_values: torch.Tensor, grid_thw) -> tuple:
-        ("`pixel_values` checked and embedded, with the positions' rotary tables and the attention segments: "
-         "`encode`'s arguments (x, cos, sin, lens).")
-        c, dev = self.cfg, pixel_values.device
-        grids = check_pixels(pixel_values, grid_thw, c)
-        idx, wts = pos_interp(grids, self.side, c.spatial_merge_size, dev)
-        x = self.patch_embed(pixel_values)
-        x = x + (self.pos_embed(idx) * wts[:, :, None]).sum(1).to(x.dtype)   # 4 weighted table rows, summed in fp32
-        cos, sin = (f[:, None] for f in self.rotary(vision_positions(grids, c.spatial_merge_size, dev)))
-        return x, cos, sin, [h * w for t, h, w in grids for _ in range(t)]  # one attention segment per frame
+# %% ../nbs/04_vision.ipynb #ca97805b
+@patch
+def embed(self: VisionModel, pixel_values: torch.Tensor, grid_thw) -> tuple:
+    ("`pixel_values` checked and embedded, with the positions' rotary tables and the attention "
+     "segments: `encode`'s arguments (x, cos, sin, lens).")
+    c, dev = self.cfg, pixel_values.device
+    grids = check_pixels(pixel_values, grid_thw, c)
+    idx, wts = pos_interp(grids, self.side, c.spatial_merge_size, dev)
+    x = self.patch_embed(pixel_values)
+    # 4 weighted table rows, summed in fp32
+    x = x + (self.pos_embed(idx) * wts[:, :, None]).sum(1).to(x.dtype)
+    cos, sin = (f[:, None] for f in self.rotary(vision_positions(grids, c.spatial_merge_size, dev)))
+    # one attention segment per frame
+    return x, cos, sin, [h * w for t, h, w in grids for _ in range(t)]
 
-    def encode(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, lens: list[int]
-               ) -> tuple[torch.Tensor, list[torch.Tensor]]:
-        "The blocks and mergers on embedded patches `x`: only device work (`fast.VisionRunner` captures it)."
-        c, deep = self.cfg, []
-        for i, blk in enumerate(self.blocks):
-            x = blk(x, lens, cos, sin)
-            if i in c.deepstack_visual_indexes:
-                deep.append(self.deepstack_merger_list[c.deepstack_visual_indexes.index(i)](x))
-        return self.merger(x), deep
+# %% ../nbs/04_vision.ipynb #b0f54a33
+@patch
+def encode(self: VisionModel, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, lens: list[int]
+           ) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    ("The blocks and mergers on embedded patches `x`: "
+     "only device work (`fast.VisionRunner` captures it).")
+    c, deep = self.cfg, []
+    for i, blk in enumerate(self.blocks):
+        x = blk(x, lens, cos, sin)
+        if i in c.deepstack_visual_indexes:
+            deep.append(self.deepstack_merger_list[c.deepstack_visual_indexes.index(i)](x))
+    return self.merger(x), deep
