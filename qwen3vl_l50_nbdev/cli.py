@@ -551,15 +551,15 @@ def main(argv=None) -> int:
     old = _on_signals(_interrupt)
     try:
         rc = COMMANDS[a.cmd].run(a) or 0
-    # Ctrl-C, or a scheduler's SIGTERM: one line, the shell's code (a temp file is removed)
     except Interrupted as e:
+        # Ctrl-C, or a scheduler's SIGTERM: one line, the shell's code (a temp file is removed)
         rc = _interrupted(a.cmd, e.signum)
     except Exception as e:
-        # a C call (torch's, safetensors') can swallow `Interrupted` and raise its own error: still
-        # the signal
+        # a C call (torch's, safetensors') can swallow `Interrupted` and raise an error of its
+        # own: still the signal
         if _GOT: rc = _interrupted(a.cmd, _GOT[0])
-        # bad input, a file that can't be read or written: the message
         elif isinstance(e, (ValueError, OSError)):
+            # bad input, a file that can't be read or written: the message
             report_once(f"qwen3vl-l50 {a.cmd}: error: {e}")
             rc = 2
         else: raise
