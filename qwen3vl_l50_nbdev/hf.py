@@ -15,6 +15,7 @@ import torch
 import torch.nn as nn
 from safetensors import safe_open
 from tqdm.auto import tqdm
+from fastcore.basics import patch
 from .config import EncoderConfig
 from .rope import mm_token_types
 from .loading import checkpoint_index, checkpoint_name
@@ -23,13 +24,15 @@ from .metrics import no_tf32
 
 # %% ../nbs/11d_hf.ipynb #940bd380
 def hf_model(path, selected_layer: int, dtype=torch.float32, device="cpu") -> nn.Module:
-    ("transformers' `Qwen3VLModel` of checkpoint `path` as `from_pretrained` loads it (a block-FP8 one: dequantized "
-     "on the CPU), cut at `selected_layer` decoder layers, final norm `Identity`, on `device`.")
+    ("transformers' `Qwen3VLModel` of checkpoint `path` as `from_pretrained` loads it (a block-FP8 "
+     "one: dequantized on the CPU), cut at `selected_layer` decoder layers, final norm `Identity`, "
+     "on `device`.")
     from transformers import Qwen3VLForConditionalGeneration
     from transformers.utils import logging
     bar = logging.is_progress_bar_enabled()
     logging.disable_progress_bar()   # a bar per load in every notebook that diffs against it
-    try: model = (Qwen3VLForConditionalGeneration.from_pretrained(path, dtype=dtype, attn_implementation="sdpa")
+    try: model = (Qwen3VLForConditionalGeneration
+                  .from_pretrained(path, dtype=dtype, attn_implementation="sdpa")
                   .model.to(device).eval())
     finally:
         if bar: logging.enable_progress_bar()
@@ -37,99 +40,117 @@ def hf_model(path, selected_layer: int, dtype=torch.float32, device="cpu") -> nn
     lm.layers, lm.norm = lm.layers[:selected_layer], nn.Identity()
     return model
 
-
 # %% ../nbs/11d_hf.ipynb #f9dff243
-def hf_forward(model: nn.Module, cfg: EncoderConfig, inputs: dict, device="cpu", to_host=torch.Tensor.cpu
-               ) -> torch.Tensor:
-    ("A `Qwen3VLModel`'s `last_hidden_state` for one prompt's `encode` inputs (token types from `cfg`): "
-     "[seq, hidden] on the CPU, through `to_host` (a benchmark gives HF our encoder's `HostCopy`).")
+def hf_forward(model: nn.Module, cfg: EncoderConfig, inputs: dict, device="cpu",
+               to_host=torch.Tensor.cpu) -> torch.Tensor:
+    ("A `Qwen3VLModel`'s `last_hidden_state` for one prompt's `encode` inputs (token types from "
+     "`cfg`): [seq, hidden] on the CPU, through `to_host` (a benchmark gives HF our encoder's "
+     "`HostCopy`).")
     ids = inputs["input_ids"].to(device)[None]
     kw = {k: v.to(device) for k, v in inputs.items() if k != "input_ids"}
-    out = model(input_ids=ids, attention_mask=torch.ones_like(ids), mm_token_type_ids=mm_token_types(ids, cfg),
-                use_cache=False, **kw)
+    out = model(input_ids=ids, attention_mask=torch.ones_like(ids),
+                mm_token_type_ids=mm_token_types(ids, cfg), use_cache=False, **kw)
     return to_host(out.last_hidden_state[0])
-
 
 # %% ../nbs/11d_hf.ipynb #3991f3ce
 @torch.inference_mode()
-def hf_reference(path, inputs: dict, selected_layer: int, dtype=torch.float32, device="cpu") -> torch.Tensor:
-    "transformers' unnormalized state after decoder layer `selected_layer-1` for `inputs`: [seq, hidden] on the CPU."
+def hf_reference(path, inputs: dict, selected_layer: int, dtype=torch.float32, device="cpu"
+                 ) -> torch.Tensor:
+    ("transformers' unnormalized state after decoder layer `selected_layer-1` for `inputs`: "
+     "[seq, hidden] on the CPU.")
     model = hf_model(path, selected_layer, dtype, device)
     return hf_forward(model, EncoderConfig.from_hf(model.config, selected_layer), inputs, device)
 
-
 # %% ../nbs/11d_hf.ipynb #03cb332c
 @torch.inference_mode()
-def hf_layer_states(path, inputs: dict, selected_layer: int, dtype=torch.float32, device="cpu") -> list:
-    ("transformers' state after each decoder layer 0..`selected_layer-1`, after its DeepStack addition, as "
-     "`metrics.layer_states` records ours: [seq, hidden] each, on the CPU.")
+def hf_layer_states(path, inputs: dict, selected_layer: int, dtype=torch.float32, device="cpu"
+                    ) -> list:
+    ("transformers' state after each decoder layer 0..`selected_layer-1`, after its DeepStack "
+     "addition, as `metrics.layer_states` records ours: [seq, hidden] each, on the CPU.")
     model = hf_model(path, selected_layer, dtype, device)
-    states = []   # layer i's output is layer i+1's input (a pre-hook sees it after DeepStack); the last: the output
+    # layer i's output is layer i+1's input (a pre-hook sees it after DeepStack); the last: the
+    # output
+    states = []
     hooks = [layer.register_forward_pre_hook(lambda m, args: states.append(args[0][0].cpu()))
              for layer in model.language_model.layers[1:]]
-    try: states.append(hf_forward(model, EncoderConfig.from_hf(model.config, selected_layer), inputs, device))
+    try: states.append(hf_forward(model, EncoderConfig.from_hf(model.config, selected_layer),
+                                  inputs, device))
     finally:
         for h in hooks: h.remove()
     return states
 
-
 # %% ../nbs/11d_hf.ipynb #fd68e996
 class Checkpoint:
-    ("The checkpoint's tensors by name (headers read and checked once): `read(prefix, names)` from the safetensors; "
-     "a block-FP8 checkpoint's weights dequantized (`fmt`: its `fp8_blocks.BlockFp8`, else None).")
+    ("The checkpoint's tensors by name (headers read and checked once): `read(prefix, names)` from "
+     "the safetensors; a block-FP8 checkpoint's weights dequantized (`fmt`: its "
+     "`fp8_blocks.BlockFp8`, else None).")
     def __init__(self, path):
         self.path = Path(path)
         ix = checkpoint_index(self.path)   # the loader's reader of the index and headers
         self.fmt, self.entries = ix.fmt, ix.entries   # FP8 weights: scales attached
 
-    @property
-    def files(self) -> set[Path]: return {e.file for e in self.entries.values()} | {
-        e.scale.file for e in self.entries.values() if e.scale}
+# %% ../nbs/11d_hf.ipynb #0cdd16a1
+@patch(as_prop=True)
+def files(self: Checkpoint) -> set[Path]: return {e.file for e in self.entries.values()} | {
+    e.scale.file for e in self.entries.values() if e.scale}
 
-    def read(self, prefix: str, names) -> dict[str, torch.Tensor]:
-        ("`{name: tensor}` of the module under `prefix` (its HF names), on the host as stored; a block-FP8 weight "
-         "in fp32, its e4m3 values times their block's scale: transformers' dequantized load, before its cast.")
-        want = {n: checkpoint_name(prefix + n) for n in names}
-        if missing := [k for k in want.values() if k not in self.entries]:
-            raise ValueError(f"{self.path}: the checkpoint lacks {missing[:3]}{' ...' if len(missing) > 3 else ''}")
-        out, scales, by_file = {}, {}, {}
-        for n, k in want.items():
-            by_file.setdefault(self.entries[k].file, []).append((n, k, out))
-            if (sc := self.entries[k].scale) is not None:
-                by_file.setdefault(sc.file, []).append((n, scale_name(k), scales))
-        for f, items in by_file.items():
-            with safe_open(f, "pt", device="cpu") as s:
-                for n, k, into in items: into[n] = s.get_tensor(k)
-        for n, sc in scales.items():
-            check_scale_values(scale_name(want[n]), sc, f" in {self.entries[want[n]].scale.file.name}")
-            out[n] = dequantize_blocks(out[n], sc, self.entries[want[n]].block)   # `_assign` rounds it once to bf16
-        return out
+# %% ../nbs/11d_hf.ipynb #be43cc90
+@patch
+def read(self: Checkpoint, prefix: str, names) -> dict[str, torch.Tensor]:
+    ("`{name: tensor}` of the module under `prefix` (its HF names), on the host as stored; a "
+     "block-FP8 weight in fp32, its e4m3 values times their block's scale: transformers' "
+     "dequantized load, before its cast.")
+    want = {n: checkpoint_name(prefix + n) for n in names}
+    if missing := [k for k in want.values() if k not in self.entries]:
+        raise ValueError(f"{self.path}: the checkpoint lacks "
+                         f"{missing[:3]}{' ...' if len(missing) > 3 else ''}")
+    out, scales, by_file = {}, {}, {}
+    for n, k in want.items():
+        by_file.setdefault(self.entries[k].file, []).append((n, k, out))
+        if (sc := self.entries[k].scale) is not None:
+            by_file.setdefault(sc.file, []).append((n, scale_name(k), scales))
+    for f, items in by_file.items():
+        with safe_open(f, "pt", device="cpu") as s:
+            for n, k, into in items: into[n] = s.get_tensor(k)
+    for n, sc in scales.items():
+        check_scale_values(scale_name(want[n]), sc, f" in {self.entries[want[n]].scale.file.name}")
+        # `_assign` rounds it once to bf16
+        out[n] = dequantize_blocks(out[n], sc, self.entries[want[n]].block)
+    return out
 
+# %% ../nbs/11d_hf.ipynb #6ebaeb5f
 def _assign(module: nn.Module, tensors: dict, dtype, device):
-    "Make `module`'s parameters `tensors` (names relative to it) in `dtype` on `device`; no copy on the meta device."
-    module.load_state_dict({k: t.to(device, dtype) for k, t in tensors.items()}, strict=True, assign=True)
+    ("Make `module`'s parameters `tensors` (names relative to it) in `dtype` on `device`; no copy "
+     "on the meta device.")
+    module.load_state_dict({k: t.to(device, dtype) for k, t in tensors.items()}, strict=True,
+                           assign=True)
 
 # %% ../nbs/11d_hf.ipynb #bbcb3667
 def hf_skeleton(path, layers: int) -> nn.Module:
-    ("transformers' `Qwen3VLModel` of checkpoint `path` with `layers` decoder layers, no final norm, on the meta "
-     "device but for its rotary modules (built on the CPU, as `from_pretrained` builds them).")
+    ("transformers' `Qwen3VLModel` of checkpoint `path` with `layers` decoder layers, no final "
+     "norm, on the meta device but for its rotary modules (built on the CPU, as `from_pretrained` "
+     "builds them).")
     from transformers import AutoConfig, Qwen3VLModel
     c = AutoConfig.from_pretrained(path)
     c.text_config.num_hidden_layers = layers
     with torch.device("meta"): m = Qwen3VLModel._from_config(c, attn_implementation="sdpa")
     for name, mod in list(m.named_modules()):
-        if type(mod).__name__.endswith("RotaryEmbedding"):   # inv_freq: CPU bits (older vision rotaries take a dim)
+        # inv_freq: CPU bits (older vision rotaries take a dim)
+        if type(mod).__name__.endswith("RotaryEmbedding"):
             owner, _, leaf = name.rpartition(".")
-            new = type(mod)(mod.config) if hasattr(mod, "config") else type(mod)(2 * mod.inv_freq.numel())
+            new = (type(mod)(mod.config) if hasattr(mod, "config")
+                   else type(mod)(2 * mod.inv_freq.numel()))
             setattr(m.get_submodule(owner), leaf, new)
     m.language_model.norm = nn.Identity()   # the unnormalized state
     return m.eval()
 
+# %% ../nbs/11d_hf.ipynb #1ba41bce
 def _rotaries(m: nn.Module) -> list[nn.Module]:
     return [mod for mod in m.modules() if type(mod).__name__.endswith("RotaryEmbedding")]
 
 # %% ../nbs/11d_hf.ipynb #14ec0df2
-_LM_ARGS = ("inputs_embeds", "position_ids", "attention_mask", "visual_pos_masks", "deepstack_visual_embeds")
+_LM_ARGS = ("inputs_embeds", "position_ids", "attention_mask", "visual_pos_masks",
+            "deepstack_visual_embeds")
 
 def _stem(m: nn.Module, cfg: EncoderConfig, inputs: dict, device) -> dict:
     "What HF's `forward` hands its text model for `inputs` (the layer list empty): on the host."
@@ -138,35 +159,45 @@ def _stem(m: nn.Module, cfg: EncoderConfig, inputs: dict, device) -> dict:
     hook = lm.register_forward_pre_hook(lambda mod, args, kw: seen.update(kw), with_kwargs=True)
     try: hf_forward(m, cfg, inputs, device)
     finally: hook.remove()
-    host = lambda v: [t.cpu() for t in v] if isinstance(v, list) else v.cpu() if isinstance(v, torch.Tensor) else v
+    host = lambda v: ([t.cpu() for t in v] if isinstance(v, list)
+                      else v.cpu() if isinstance(v, torch.Tensor) else v)
     out = {k: host(seen.get(k)) for k in _LM_ARGS}
     out["inputs_embeds"] = out["inputs_embeds"][0]
     return out
 
-def _layer(lm: nn.Module, layer: nn.Module, i: int, kw: dict, h: torch.Tensor, dtype, device) -> torch.Tensor:
-    "HF's text model holding decoder layer `i` alone on state `h` [seq, H] (DeepStack feature `i` added): on the host."
+# %% ../nbs/11d_hf.ipynb #ed2cc0eb
+def _layer(lm: nn.Module, layer: nn.Module, i: int, kw: dict, h: torch.Tensor, dtype, device
+           ) -> torch.Tensor:
+    ("HF's text model holding decoder layer `i` alone on state `h` [seq, H] (DeepStack feature `i` "
+     "added): on the host.")
     lm.layers = nn.ModuleList([layer])
     dev = lambda t: None if t is None else t.to(device)
     ds = kw["deepstack_visual_embeds"]
     out = lm(inputs_embeds=h[None].to(device, dtype), position_ids=dev(kw["position_ids"]),
              attention_mask=dev(kw["attention_mask"]), visual_pos_masks=dev(kw["visual_pos_masks"]),
-             deepstack_visual_embeds=[ds[i].to(device)] if ds is not None and i < len(ds) else None, use_cache=False)
+             deepstack_visual_embeds=[ds[i].to(device)] if ds is not None and i < len(ds) else None,
+             use_cache=False)
     return out.last_hidden_state[0].cpu()
 
 # %% ../nbs/11d_hf.ipynb #892109db
 class Reference(NamedTuple):
-    "Per prompt, each layer's state on the host: the reference's, HF bf16's, HF bf16's fed the reference (local)."
+    ("Per prompt, each layer's state on the host: the reference's, HF bf16's, HF bf16's fed the "
+     "reference (local).")
     states: dict       # {prompt: [the reference's state after each layer]} (fp32 or fp64)
     hf: dict           # {prompt: [HF bf16's state after each layer]}
-    hf_local: dict     # {prompt: [HF bf16's layer fed the reference's previous state]}: each layer's own error
+    # {prompt: [HF bf16's layer fed the reference's previous state]}: each layer's own error
+    hf_local: dict
     seconds: float     # the whole streamed run, both dtypes
-    peak_gib: float    # its peak device memory (on the CPU: the process's peak resident memory so far)
+    peak_gib: float    # its peak device memory (on the CPU: the process's peak resident memory)
 
+# %% ../nbs/11d_hf.ipynb #b8581c85
 def peak_gib(device) -> float:
-    "Peak memory since the last reset: CUDA's allocated bytes on `device`, else the process's peak RSS, in GiB."
+    ("Peak memory since the last reset: CUDA's allocated bytes on `device`, else the process's "
+     "peak RSS, in GiB.")
     if torch.device(device).type == "cuda": return torch.cuda.max_memory_allocated(device) / 2 ** 30
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2 ** 20   # KiB on Linux
 
+# %% ../nbs/11d_hf.ipynb #3b785ef6
 def reset_peak(device):
     if torch.device(device).type == "cuda": torch.cuda.reset_peak_memory_stats(device)
 
@@ -174,8 +205,9 @@ def reset_peak(device):
 @torch.inference_mode()
 def reference(path, prompts: dict, layers: int, dtype=torch.float32, device="cpu",
               progress: bool = False) -> Reference:
-    ("HF's states after decoder layers 1..`layers` for every prompt (`encode` inputs) in `dtype` and in bf16, the "
-     "decoder streamed from the checkpoint a layer at a time: one layer resident, in one dtype at a time.")
+    ("HF's states after decoder layers 1..`layers` for every prompt (`encode` inputs) in `dtype` "
+     "and in bf16, the decoder streamed from the checkpoint a layer at a time: one layer resident, "
+     "in one dtype at a time.")
     dev, t0 = torch.device(device), time.perf_counter()
     reset_peak(dev)
     ck, m, cfg = Checkpoint(path), hf_skeleton(path, layers), EncoderConfig.from_hf(path, layers)
@@ -193,15 +225,17 @@ def reference(path, prompts: dict, layers: int, dtype=torch.float32, device="cpu
         del weights
         h = {dt: {p: kw["inputs_embeds"] for p, kw in kws[dt].items()} for dt in dtypes}
         st, hf, local = ({p: [] for p in prompts} for _ in range(3))
-        for i, layer in enumerate(tqdm(decoder, desc=f"reference ({str(dtype)[6:]} and bf16)", unit="layer",
-                                       disable=not progress)):
+        for i, layer in enumerate(tqdm(decoder, desc=f"reference ({str(dtype)[6:]} and bf16)",
+                                       unit="layer", disable=not progress)):
             w = ck.read(f"language_model.layers.{i}.", dict(layer.named_parameters()))
             for dt in dtypes:
                 _assign(layer, w, dt, dev)
                 for p in prompts:
                     h[dt][p] = _layer(lm, layer, i, kws[dt][p], h[dt][p], dt, dev)
                     (st if dt is dtype else hf)[p].append(h[dt][p])
-                    if dt is bf16:   # local: this layer fed the reference's previous state (the first: its own stem)
-                        local[p].append(h[dt][p] if i == 0 else _layer(lm, layer, i, kws[dt][p], st[p][i - 1], dt, dev))
+                    # local: this layer fed the reference's previous state (the first: its own stem)
+                    if dt is bf16:
+                        local[p].append(h[dt][p] if i == 0 else
+                                        _layer(lm, layer, i, kws[dt][p], st[p][i - 1], dt, dev))
             layer.to("meta")
     return Reference(st, hf, local, time.perf_counter() - t0, peak_gib(dev))

@@ -17,17 +17,20 @@ from safetensors.torch import load_file, save_file
 from .config import EncoderConfig
 from .dist import Group, encoder_group
 from .metrics import diff_row, checksum
-from .tp import REDUCE_MODES, shard, VocabParallelEmbedding, ColumnParallelLinear, RowParallelLinear
+from .tp import (REDUCE_MODES, shard, VocabParallelEmbedding, ColumnParallelLinear,
+                                  RowParallelLinear)
 
 # %% ../nbs/13_testing.ipynb #4527bc1b
 def fake_group(rank: int, tp: int) -> Group:
-    "Rank `rank`'s view of a `tp`-rank group, without a process group (for building and loading, not for collectives)."
+    ("Rank `rank`'s view of a `tp`-rank group, without a process group (for building and loading, "
+     "not for collectives).")
     return Group(None, tuple(range(tp)), rank)
 
 # %% ../nbs/13_testing.ipynb #7b80ae82
 @lru_cache(8)
 def hf_shapes(cfg: EncoderConfig) -> dict[str, tuple]:
-    "Every checkpoint tensor's shape for `cfg` with the text cut at `selected_layer`: an HF model on the meta device."
+    ("Every checkpoint tensor's shape for `cfg` with the text cut at `selected_layer`: an HF model "
+     "on the meta device.")
     from transformers import Qwen3VLForConditionalGeneration
     hf = cfg.to_hf()
     hf.text_config.num_hidden_layers = cfg.selected_layer
@@ -41,13 +44,16 @@ def broken_checkpoint(src, dst, edit) -> Path:
     edit(Path(dst))
     return Path(dst)
 
+# %% ../nbs/13_testing.ipynb #3a6bbd59
 def rewrite_tensors(fn):
-    "An edit for `broken_checkpoint`: `fn(tensors)` changes the dict of `model.safetensors` in place."
+    ("An edit for `broken_checkpoint`: `fn(tensors)` changes the dict of `model.safetensors` in "
+     "place.")
     def edit(d: Path):
         sd = load_file(d / "model.safetensors"); fn(sd)
         save_file(sd, d / "model.safetensors", metadata={"format": "pt"})
     return edit
 
+# %% ../nbs/13_testing.ipynb #1f9f2944
 def edit_config(fn):
     "An edit for `broken_checkpoint`: `fn(config)` changes the dict of `config.json` in place."
     def edit(d: Path):
@@ -57,23 +63,28 @@ def edit_config(fn):
 
 # %% ../nbs/13_testing.ipynb #8e1aaae8
 def copy_hf_(ours: nn.Module, hf: nn.Module) -> nn.Module:
-    ("Fill `ours` (a `TextModel`, `DecoderLayer`, `VisionModel` or `Encoder`) from the matching HF module, "
-     "through `load_weights`.")
+    ("Fill `ours` (a `TextModel`, `DecoderLayer`, `VisionModel` or `Encoder`) from the matching HF "
+     "module, through `load_weights`.")
     from qwen3vl_l50_nbdev.loading import load_weights
     from qwen3vl_l50_nbdev.text import TextModel, DecoderLayer
     from qwen3vl_l50_nbdev.vision import VisionModel
-    kind = {TextModel: ("model.language_model.", dict(text=ours)), VisionModel: ("model.visual.", dict(vision=ours)),
+    kind = {TextModel: ("model.language_model.", dict(text=ours)),
+            VisionModel: ("model.visual.", dict(vision=ours)),
             DecoderLayer: ("model.language_model.layers.0.",
                            dict(text=nn.ModuleDict(dict(layers=nn.ModuleList([ours])))))}
     # by name: a notebook redefines them
-    root, model = next((v for k, v in kind.items() if type(ours).__name__ == k.__name__), ("", None))
-    load_weights(ours if model is None else nn.ModuleDict(model), ((root + k, v) for k, v in hf.named_parameters()))
+    root, model = next((v for k, v in kind.items() if type(ours).__name__ == k.__name__),
+                       ("", None))
+    load_weights(ours if model is None else nn.ModuleDict(model),
+                 ((root + k, v) for k, v in hf.named_parameters()))
     return ours
 
 # %% ../nbs/13_testing.ipynb #82a02814
 def check_primitives(seed: int = 0) -> dict:
-    "On each rank of an initialised world: the TP layers against unsharded references; max |diff| or rel L2 per check."
-    # and a checksum of each row-parallel output, so that comparing ranks' results compares their bits
+    ("On each rank of an initialised world: the TP layers against unsharded references; max |diff| "
+     "or rel L2 per check.")
+    # and a checksum of each row-parallel output, so that comparing ranks' results compares their
+    # bits
     import torch.distributed as dist
     g = encoder_group()
     torch.manual_seed(seed)  # the same full weights on every rank
@@ -91,9 +102,11 @@ def check_primitives(seed: int = 0) -> dict:
     h = torch.randn(S, M, dtype=torch.bfloat16)
     ref = (h.double() @ down.bfloat16().double().T)
     for mode in REDUCE_MODES:
-        row = RowParallelLinear(M, H, g, reduce=mode, dtype=torch.bfloat16); row.load(down.bfloat16())
+        row = RowParallelLinear(M, H, g, reduce=mode, dtype=torch.bfloat16)
+        row.load(down.bfloat16())
         y = row(shard(h, 1, g.rank, g.size))
-        if y.dtype != torch.bfloat16: raise TypeError(f"reduce={mode}: output {y.dtype}, not the input's bf16")
+        if y.dtype != torch.bfloat16:
+            raise TypeError(f"reduce={mode}: output {y.dtype}, not the input's bf16")
         out[mode] = diff_row(y, ref)["rel_l2"]
         out[f"{mode} crc32"] = checksum(y)   # the same on every rank: replicated
     return out
@@ -101,8 +114,8 @@ def check_primitives(seed: int = 0) -> dict:
 # %% ../nbs/13_testing.ipynb #fa0fb1fd
 def reduce_error(K: int = 8192, N: int = 512, S: int = 64, outliers: int = 8, scale: float = 100.0,
                  seed: int = 0) -> dict:
-    ("Relative L2 error of each reduce mode for a [S,K]x[K,N] row-parallel GEMM with `outliers` channels "
-     "`scale`x the rest.")
+    ("Relative L2 error of each reduce mode for a [S,K]x[K,N] row-parallel GEMM with `outliers` "
+     "channels `scale`x the rest.")
     g = encoder_group()
     torch.manual_seed(seed)
     x = torch.randn(S, K)
@@ -117,7 +130,8 @@ def reduce_error(K: int = 8192, N: int = 512, S: int = 64, outliers: int = 8, sc
 
 # %% ../nbs/13_testing.ipynb #490fca3b
 def check_fp8_tp_layers(granularity: str = "channel", act: str = "token", seed: int = 0) -> dict:
-    "On each rank: FP8 column/row layers of the group vs the unsharded FP8 layers; exactness flags and rel L2 to fp64."
+    ("On each rank: FP8 column/row layers of the group vs the unsharded FP8 layers; exactness "
+     "flags and rel L2 to fp64.")
     from qwen3vl_l50_nbdev.fp8 import FP8, Fp8ColumnParallelLinear, Fp8RowParallelLinear
     g = encoder_group()
     torch.manual_seed(seed)   # the same full weights and inputs on every rank
@@ -127,24 +141,31 @@ def check_fp8_tp_layers(granularity: str = "channel", act: str = "token", seed: 
     def layers(group):
         col, row = ColumnParallelLinear(H, [M, M], group), RowParallelLinear(M, H, group)
         col.load(gate, 0); col.load(up, 1); row.load(down)
-        return Fp8ColumnParallelLinear(col, granularity, act), Fp8RowParallelLinear(row, granularity, act)
+        return (Fp8ColumnParallelLinear(col, granularity, act),
+                Fp8RowParallelLinear(row, granularity, act))
     (col1, row1), (col, row) = layers(Group.local()), layers(g)
-    sl = lambda t, dim=0: t.split(M // g.size, dim)[g.rank]          # this rank's part of one split (rows or columns)
-    rows1 = lambda t: torch.cat([sl(p) for p in t.split(M)])         # ... of each split of the fused gate|up rows
-    same = lambda p, q: torch.equal(p.view(torch.uint8), q.view(torch.uint8)) if p.dtype == FP8 else torch.equal(p, q)
+    # this rank's part of one split (rows or columns), and of each split of the fused gate|up rows
+    sl = lambda t, dim=0: t.split(M // g.size, dim)[g.rank]
+    rows1 = lambda t: torch.cat([sl(p) for p in t.split(M)])
+    same = lambda p, q: (torch.equal(p.view(torch.uint8), q.view(torch.uint8)) if p.dtype == FP8
+                         else torch.equal(p, q))
     ref = a.double() @ down.double().T
     y, y1 = row(shard(a, 1, g.rank, g.size)), row1(a)
     return dict(col_weight=same(col.weight, rows1(col1.weight)),
                 col_scale=same(col.weight_scale,
-                               rows1(col1.weight_scale) if granularity == "channel" else col1.weight_scale),
-                row_weight=same(row.weight, shard(row1.weight.view(torch.uint8), 1, g.rank, g.size).view(FP8)),
+                               rows1(col1.weight_scale) if granularity == "channel"
+                               else col1.weight_scale),
+                row_weight=same(row.weight,
+                                shard(row1.weight.view(torch.uint8), 1, g.rank, g.size).view(FP8)),
                 row_scale=same(row.weight_scale, row1.weight_scale),
                 col_out=all(same(o, sl(o1, -1)) for o, o1 in zip(col(x), col1(x))),
-                row_rel_l2=diff_row(y, ref)["rel_l2"], row_rel_l2_tp1=diff_row(y1, ref)["rel_l2"], row_out=y)
+                row_rel_l2=diff_row(y, ref)["rel_l2"], row_rel_l2_tp1=diff_row(y1, ref)["rel_l2"],
+                row_out=y)
 
 # %% ../nbs/13_testing.ipynb #748ceb2b
-def encode_on_ranks(path, inputs: dict, selected_layer: int, reduce: str = "fp32", dtype=torch.bfloat16,
-                    **kw) -> torch.Tensor:
+def encode_on_ranks(path, inputs: dict, selected_layer: int, reduce: str = "fp32",
+                    dtype=torch.bfloat16, **kw) -> torch.Tensor:
     "`encode` on every rank of an initialised world (for `spawn`)."
     from qwen3vl_l50_nbdev.encoder import Encoder
-    return Encoder.from_pretrained(path, selected_layer, dtype, reduce=reduce, progress=False, **kw).encode(**inputs)
+    return (Encoder.from_pretrained(path, selected_layer, dtype, reduce=reduce, progress=False,
+                                    **kw).encode(**inputs))

@@ -15,16 +15,17 @@ import pandas as pd
 from ..config import EncoderConfig
 from ..dist import Group, encoder_group, spawn
 from ..tp import REDUCE_MODES
-from .weights import (Massive, massive_channels, build, set_reduce_, collect, layer_errors,
-                                                peak_ratio, small_config, make_prompts)
+from .weights import (Massive, massive_channels, build, set_reduce_,
+                                                collect, layer_errors, peak_ratio, small_config,
+                                                make_prompts)
 from ..fp8 import FP8_LAYERS, LAYER_PLAN
 from ..metrics import no_tf32
 
-
 # %% ../../nbs/analysis/00a_sweep.ipynb #5b2c42ce
-def references(cfg: EncoderConfig, prompts: dict, massive: Massive, variants=(False, True), dtypes=(torch.float32,),
-               seed: int = 0, device=None) -> dict:
-    "`{(dtype name, with massive?): {prompt: per-layer states}}` from the TP=1 encoder in each of `dtypes`."
+def references(cfg: EncoderConfig, prompts: dict, massive: Massive, variants=(False, True),
+               dtypes=(torch.float32,), seed: int = 0, device=None) -> dict:
+    ("`{(dtype name, with massive?): {prompt: per-layer states}}` from the TP=1 encoder in each of "
+     "`dtypes`.")
     out = {}
     with no_tf32():
         for m in variants:
@@ -36,7 +37,8 @@ def references(cfg: EncoderConfig, prompts: dict, massive: Massive, variants=(Fa
 
 # %% ../../nbs/analysis/00a_sweep.ipynb #dca43ec2
 def _rows(states: dict, refs: dict, massive: Massive, on: bool, **labels) -> list[dict]:
-    "Rows of per-layer errors of `states` ({prompt: states}) against every reference in `refs` for massive=`on`."
+    ("Rows of per-layer errors of `states` ({prompt: states}) against every reference in `refs` "
+     "for massive=`on`.")
     rows = []
     for (ref, m), ref_states in refs.items():
         if m != on: continue
@@ -46,109 +48,131 @@ def _rows(states: dict, refs: dict, massive: Massive, on: bool, **labels) -> lis
                                  peak_ratio=peak_ratio(ref_states[prompt][layer - 1])))
     return rows
 
+# %% ../../nbs/analysis/00a_sweep.ipynb #3a16032d
 def reference_rows(refs: dict, massive: Massive) -> pd.DataFrame:
     "The fp32 reference against the fp64 one, per layer (empty without fp64)."
     rows = [r for (dt, m), st in refs.items() if dt == "float32" and ("float64", m) in refs
-            for r in _rows(st, {("float64", m): refs["float64", m]}, massive, m, tp=1, reduce="none", quant="none",
-                           dtype="float32", kind="accumulated")]
+            for r in _rows(st, {("float64", m): refs["float64", m]}, massive, m, tp=1,
+                           reduce="none",
+                           quant="none", dtype="float32", kind="accumulated")]
     return pd.DataFrame(rows)
 
 # %% ../../nbs/analysis/00a_sweep.ipynb #8ec5ef3a
-def measure(cfg: EncoderConfig, prompts: dict, refs: dict | None, tp: int = 1, reduces=REDUCE_MODES, quants=("none",),
-            massive: Massive | None = None, variants=(False, True), seed: int = 0, device=None,
-            quant_reduces=("fp32",)) -> pd.DataFrame | None:
-    ("On every rank (or alone for tp=1): per-layer errors of the bf16 encoder at `tp` against `refs`; "
-     "a DataFrame on rank 0.")
+def measure(cfg: EncoderConfig, prompts: dict, refs: dict | None, tp: int = 1, reduces=REDUCE_MODES,
+            quants=("none",), massive: Massive | None = None, variants=(False, True), seed: int = 0,
+            device=None, quant_reduces=("fp32",)) -> pd.DataFrame | None:
+    ("On every rank (or alone for tp=1): per-layer errors of the bf16 encoder at `tp` against "
+     "`refs`; a DataFrame on rank 0.")
     group = encoder_group(tp) if dist.is_initialized() else Group.local()
     if not group.is_member: return None
     massive, rows = massive or Massive(massive_channels(cfg.text.hidden_size)), []
     for m in variants:
-        teacher = {("float32", m): refs["float32", m]}   # every member needs it: the teacher feeds the layers
+        # every member needs it: the teacher feeds the layers
+        teacher = {("float32", m): refs["float32", m]}
         for quant in quants:
             enc = build(cfg, group, torch.bfloat16, device, seed, massive if m else None, quant)
             for reduce in (("none",) if tp == 1 else reduces if quant == "none" else quant_reduces):
                 if reduce != "none": set_reduce_(enc, reduce)
-                for kind, against, forced in (("accumulated", refs, None), ("local", teacher, refs["float32", m])):
+                for kind, against, forced in (("accumulated", refs, None),
+                                              ("local", teacher, refs["float32", m])):
                     states = collect(enc, prompts, forced)
-                    if group.rank == 0: rows += _rows(states, against, massive, m, tp=tp, reduce=reduce, quant=quant,
-                                                      dtype="bfloat16", kind=kind)
+                    if group.rank == 0:
+                        rows += _rows(states, against, massive, m, tp=tp, reduce=reduce,
+                                      quant=quant, dtype="bfloat16", kind=kind)
                     del states
             del enc
     return pd.DataFrame(rows) if group.rank == 0 else None
 
 # %% ../../nbs/analysis/00a_sweep.ipynb #fdd7476a
-def _share_references(refs: dict | None, cfg: EncoderConfig, prompts: dict, variants, device) -> dict:
+def _share_references(refs: dict | None, cfg: EncoderConfig, prompts: dict, variants, device
+                      ) -> dict:
     "Rank 0's fp32 reference states on every rank (the teacher of the local errors), by broadcast."
     if not dist.is_initialized() or dist.get_world_size() == 1: return refs
     shape = lambda p: (len(prompts[p]["input_ids"]), cfg.text.hidden_size)
-    out = refs if dist.get_rank() == 0 else {("float32", m): {p: [torch.empty(shape(p), device=device)
-                                                                  for _ in range(cfg.selected_layer)]
-                                                              for p in prompts}
-                                             for m in variants}
+    out = refs if dist.get_rank() == 0 else {
+        ("float32", m): {p: [torch.empty(shape(p), device=device)
+                             for _ in range(cfg.selected_layer)]
+                         for p in prompts}
+        for m in variants}
     for m in variants:
         for p in prompts:
             for t in out["float32", m][p]: dist.broadcast(t, 0)
     return out
 
+# %% ../../nbs/analysis/00a_sweep.ipynb #49cb045b
 def sweep(cfg, prompts, tps, reduces, quants, quant_reduces, variants, massive, seed, device,
           fp64) -> pd.DataFrame | None:
-    "Every rank: references on rank 0 (shared with all), then `measure` at each TP size; rank 0 returns all the rows."
+    ("Every rank: references on rank 0 (shared with all), then `measure` at each TP size; rank 0 "
+     "returns all the rows.")
     rank, t0 = dist.get_rank() if dist.is_initialized() else 0, time.time()
     say = lambda msg: rank == 0 and print(f"[{time.time() - t0:6.1f} s] {msg}", flush=True)
     refs = None
     if rank == 0:
-        refs = references(cfg, prompts, massive, variants, (torch.float32,) + ((torch.float64,) if fp64 else ()),
-                          seed, device)
+        refs = references(cfg, prompts, massive, variants,
+                          (torch.float32,) + ((torch.float64,) if fp64 else ()), seed, device)
         say(f"references done ({', '.join(f'{d} massive={m}' for d, m in refs)})")
     refs = _share_references(refs, cfg, prompts, variants, device)
     frames = [reference_rows(refs, massive)] if rank == 0 else []
     for tp in tps:
         if dist.is_initialized(): dist.barrier()
-        df = measure(cfg, prompts, refs, tp, reduces, quants, massive, variants, seed, device, quant_reduces)
+        df = measure(cfg, prompts, refs, tp, reduces, quants, massive, variants, seed, device,
+                     quant_reduces)
         if df is not None: frames.append(df); say(f"tp={tp} done")
         if device.type == "cuda" and rank == 0:
-            say(f"peak GPU memory on rank 0: {torch.cuda.max_memory_allocated(device) / 2**30:.1f} GiB")
+            say(f"peak GPU memory on rank 0: {torch.cuda.max_memory_allocated(device) / 2**30:.1f} "
+                "GiB")
     return pd.concat(frames, ignore_index=True) if rank == 0 else None
 
 # %% ../../nbs/analysis/00a_sweep.ipynb #b702806b
 def small_setup(layers: int = 12, seq: int = 160) -> tuple:
-    "The stored CPU runs' setting: `small_config(layers)`, text, image and video prompts of ~`seq` tokens, `Massive`."
+    ("The stored CPU runs' setting: `small_config(layers)`, text, image and video prompts of "
+     "~`seq` tokens, `Massive`.")
     cfg = small_config(layers)
     return cfg, make_prompts(cfg, seq=seq), Massive(massive_channels(cfg.text.hidden_size))
 
-CPU_QUANTS = ("none", "fp8-channel-token", "fp8-channel-tensor", "fp8-tensor-token")   # tensor/tensor: GPU only
-
+# %% ../../nbs/analysis/00a_sweep.ipynb #465076db
 class SmallRun(NamedTuple):
-    "What a stored CPU run measures besides TP 1: TP sizes, reductions (of every quantization), quantizations, fp64."
+    ("What a stored CPU run measures besides TP 1: TP sizes, reductions (of every quantization), "
+     "quantizations, fp64.")
     tps: tuple
     reduces: tuple = ("fp32",)
     quants: tuple = ("none",)
     fp64: bool = False     # the fp32 reference against fp64, and every error against fp64 too
 
-SMALL_RUNS = {"small_tp1-2-4-8.csv": SmallRun((2, 4, 8), ("fp32", "bf16"), fp64=True),       # 01_tp_size
-              "small_reduce_tp1-2-4-8.csv": SmallRun((2, 4, 8), REDUCE_MODES),               # 02_reduce_precision
-              "small_fp8_tp1-4.csv": SmallRun((4,), ("fp32",), CPU_QUANTS)}                  # 03_fp8
+# %% ../../nbs/analysis/00a_sweep.ipynb #7d18234a
+# tensor/tensor: GPU only
+CPU_QUANTS = ("none", "fp8-channel-token", "fp8-channel-tensor", "fp8-tensor-token")
+
+# for 01_tp_size, 02_reduce_precision and 03_fp8
+SMALL_RUNS = {"small_tp1-2-4-8.csv": SmallRun((2, 4, 8), ("fp32", "bf16"), fp64=True),
+              "small_reduce_tp1-2-4-8.csv": SmallRun((2, 4, 8), REDUCE_MODES),
+              "small_fp8_tp1-4.csv": SmallRun((4,), ("fp32",), CPU_QUANTS)}
 
 # %% ../../nbs/analysis/00a_sweep.ipynb #e7bd0812
-def small_rows(cfg: EncoderConfig, prompts: dict, refs: dict, massive: Massive, runs: dict) -> dict[str, pd.DataFrame]:
-    ("The live rows of each run in `runs` (`{name: SmallRun}`), measured together: each TP size once (TP 1 here, the "
-     "others on gloo ranks) with every reduction and quantization a run asks for. `refs`: fp32, and fp64 if one asks.")
+def small_rows(cfg: EncoderConfig, prompts: dict, refs: dict, massive: Massive, runs: dict
+               ) -> dict[str, pd.DataFrame]:
+    ("The live rows of each run in `runs` (`{name: SmallRun}`), measured together: each TP size "
+     "once (TP 1 here, the others on gloo ranks) with every reduction and quantization a run asks "
+     "for. `refs`: fp32, and fp64 if one asks.")
     out, union = {}, lambda f, rs: tuple(dict.fromkeys(x for r in rs for x in f(r)))
     for tp in sorted({1, *(t for r in runs.values() for t in r.tps)}):
         rs = [r for r in runs.values() if tp == 1 or tp in r.tps]
         quants, fp8 = union(lambda r: r.quants, rs), [r for r in rs if set(r.quants) - {"none"}]
-        args = (cfg, prompts, refs, tp, union(lambda r: r.reduces, rs), quants, massive, (False, True), 0, None,
-                union(lambda r: r.reduces, fp8) or ("fp32",))
+        args = (cfg, prompts, refs, tp, union(lambda r: r.reduces, rs), quants, massive,
+                (False, True),
+                0, None, union(lambda r: r.reduces, fp8) or ("fp32",))
         out[tp] = measure(*args) if tp == 1 else spawn(measure, tp, *args)[0]
     df = pd.concat(out.values(), ignore_index=True)
-    pick = lambda r: (df.tp.isin({1, *r.tps}) & df.quant.isin(r.quants) & df.reduce.isin(("none", *r.reduces))
-                      & (r.fp64 | (df.ref == "float32")))
-    return {name: pd.concat([reference_rows(refs, massive) if r.fp64 else None, df[pick(r)]], ignore_index=True)
+    pick = lambda r: (df.tp.isin({1, *r.tps}) & df.quant.isin(r.quants)
+                      & df.reduce.isin(("none", *r.reduces)) & (r.fp64 | (df.ref == "float32")))
+    return {name: pd.concat([reference_rows(refs, massive) if r.fp64 else None, df[pick(r)]],
+                            ignore_index=True)
             for name, r in runs.items()}
 
 # %% ../../nbs/analysis/00a_sweep.ipynb #a5cd86d2
 def quantize_only_(enc, names, granularity="channel", act="token"):
-    "Replace only the projections `names` (keys of `fp8.LAYER_PLAN`) of every decoder layer by their FP8 layer."
+    ("Replace only the projections `names` (keys of `fp8.LAYER_PLAN`) of every decoder layer by "
+     "their FP8 layer.")
     for layer in enc.text.layers:
         for name in names:
             parent, _, leaf = name.rpartition(".")
@@ -156,9 +180,10 @@ def quantize_only_(enc, names, granularity="channel", act="token"):
                     FP8_LAYERS[LAYER_PLAN[name].style](layer.get_submodule(name), granularity, act))
     return enc
 
+# %% ../../nbs/analysis/00a_sweep.ipynb #7359b683
 def projection_rows(cfg: EncoderConfig, prompts: dict, teacher: dict) -> pd.DataFrame:
-    ("`local x_bf16` of each projection in FP8 alone and of `all four`: the mean local rel L2 over layers and prompts "
-     "(fed `teacher`, `{prompt: fp32 states}`) over bf16's.")
+    ("`local x_bf16` of each projection in FP8 alone and of `all four`: the mean local rel L2 over "
+     "layers and prompts (fed `teacher`, `{prompt: fp32 states}`) over bf16's.")
     def local(enc):
         st = collect(enc, prompts, teacher)
         return (sum(e["rel_l2"] for p in prompts for e in layer_errors(st[p], teacher[p]))

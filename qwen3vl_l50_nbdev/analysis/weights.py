@@ -24,56 +24,67 @@ from ..metrics import diff_row
 from ..fp8 import quantize_model_, Fp8RowParallelLinear, GRANULARITIES, ACT_MODES
 from ..metrics import layer_states   # the states per layer, for every sweep
 
-
 # %% ../../nbs/analysis/00_weights.ipynb #2ecd9f4a
 def small_config(layers: int = 12) -> EncoderConfig:
-    "The CPU analysis config: `tiny()` widened to hidden 256, 8 heads and 8 kv heads of 32, MLP 512, `layers` layers."
+    ("The CPU analysis config: `tiny()` widened to hidden 256, 8 heads and 8 kv heads of 32, MLP "
+     "512, `layers` layers.")
     return tiny(layers, text=dict(hidden_size=256, intermediate_size=512, num_hidden_layers=layers,
-                                  num_attention_heads=8, num_key_value_heads=8, head_dim=32, mrope_section=(4, 6, 6)))
+                                  num_attention_heads=8, num_key_value_heads=8, head_dim=32,
+                                  mrope_section=(4, 6, 6)))
 
 # %% ../../nbs/analysis/00_weights.ipynb #37317dbc
 def _full_random(name: str, shape: tuple, seed: int, device) -> torch.Tensor:
-    "The full tensor `name`: drawn on `device` from its own seed (run seed and name), rounded to bf16."
+    ("The full tensor `name`: drawn on `device` from its own seed (run seed and name), rounded to "
+     "bf16.")
     g = torch.Generator(device).manual_seed(seed * 1_000_003 + zlib.crc32(name.encode()))
     t = torch.randn(shape, generator=g, device=device)
     parts = name.split(".")
-    leaf = parts[-2] if parts[-1].isdigit() else parts[-1]    # "….qkv_proj.weight.1": split 1 of a fused weight
+    # "….qkv_proj.weight.1": split 1 of a fused weight
+    leaf = parts[-2] if parts[-1].isdigit() else parts[-1]
     if leaf == "weight" and "norm" in name: t = 1 + 0.1 * t   # RMSNorm / LayerNorm scales
     elif leaf == "bias": t = 0.02 * t
-    else: t *= math.prod(shape[1:]) ** -0.5                    # matrices, conv kernels, embedding tables
+    else: t *= math.prod(shape[1:]) ** -0.5   # matrices, conv kernels, embedding tables
     return t.to(torch.bfloat16)
 
+# %% ../../nbs/analysis/00_weights.ipynb #612a8621
 @torch.no_grad()
 def random_weights_(model: nn.Module, seed: int = 0) -> nn.Module:
-    "Fill every parameter of `model` (an `Encoder` or `TextModel`, any TP size) with its slice of seeded full weights."
+    ("Fill every parameter of `model` (an `Encoder` or `TextModel`, any TP size) with its slice of "
+     "seeded full weights.")
     modules = dict(model.named_modules())
     for name, p in model.named_parameters():
         owner, _, leaf = name.rpartition(".")
         mod = modules[owner]
-        for split in param_splits(mod, leaf):   # each output split of a fused column-parallel weight is its own tensor
-            full = _full_random(name if split is None else f"{name}.{split}", full_shape(mod, leaf, split),
-                                seed, p.device)
+        # each output split of a fused column-parallel weight is its own tensor
+        for split in param_splits(mod, leaf):
+            full = _full_random(name if split is None else f"{name}.{split}",
+                                full_shape(mod, leaf, split), seed, p.device)
             fill_(mod, leaf, split, full)        # this rank's part (all of it when replicated)
     return model
 
 # %% ../../nbs/analysis/00_weights.ipynb #2acca07e
-def collect(enc: Encoder, prompts: dict, teacher: dict | None = None) -> dict[str, list[torch.Tensor]]:
+def collect(enc: Encoder, prompts: dict, teacher: dict | None = None
+            ) -> dict[str, list[torch.Tensor]]:
     ("`{prompt: [state after layer 1, …, after layer N]}` for every prompt (`encode` arguments); "
      "`teacher`: `{prompt: reference states}`.")
     out = {}
     for name, inputs in prompts.items():
-        with layer_states(enc.text, teacher=None if teacher is None else teacher[name]) as states: enc.encode(**inputs)
+        with layer_states(enc.text, teacher=None if teacher is None else teacher[name]) as states:
+            enc.encode(**inputs)
         out[name] = states
     return out
 
 # %% ../../nbs/analysis/00_weights.ipynb #17eb7599
 def make_prompts(cfg: EncoderConfig, seq: int = 160, kinds=("text", "image", "video"),
                  seed: int = 0) -> dict[str, dict]:
-    "`{kind: encode inputs}` of about `seq` tokens each: 'text', 'image' (one image) or 'video' (two temporal patches)."
+    ("`{kind: encode inputs}` of about `seq` tokens each: 'text', 'image' (one image) or 'video' "
+     "(two temporal patches).")
     m, out = cfg.vision.spatial_merge_size, {}
-    side = lambda n: max(m, m * round(math.sqrt(n) / m))      # a square grid of about n patches, multiple of merge
+    # a square grid of about n patches, multiple of merge
+    side = lambda n: max(m, m * round(math.sqrt(n) / m))
     for k in kinds:
-        if k == "text": out[k] = synthetic_inputs(cfg, images=(), videos=(), text_len=seq, seed=seed)
+        if k == "text":
+            out[k] = synthetic_inputs(cfg, images=(), videos=(), text_len=seq, seed=seed)
         elif k == "image":
             s = side(seq * m * m / 2)
             out[k] = synthetic_inputs(cfg, images=((1, s, s),), videos=(),
@@ -87,8 +98,8 @@ def make_prompts(cfg: EncoderConfig, seq: int = 160, kinds=("text", "image", "vi
 
 # %% ../../nbs/analysis/00_weights.ipynb #e5e2e362
 def layer_errors(states: list, refs: list, channels=()) -> list[dict]:
-    ("Per layer: `max_abs`, `rel_l2`, `cosine` (as `metrics.diff_row`, float64, on the states' device) "
-     "and `rel_l2_rest`.")
+    ("Per layer: `max_abs`, `rel_l2`, `cosine` (as `metrics.diff_row`, float64, on the states' "
+     "device) and `rel_l2_rest`.")
     out = []
     for x, r in zip(states, refs, strict=True):
         rest = torch.ones(x.shape[-1], dtype=torch.bool, device=x.device)
@@ -100,24 +111,29 @@ def layer_errors(states: list, refs: list, channels=()) -> list[dict]:
 
 # %% ../../nbs/analysis/00_weights.ipynb #1b63060b
 class Massive(NamedTuple):
-    "Where the synthetic massive activations go: hidden `channels`, written `scale`x larger by every MLP."
+    ("Where the synthetic massive activations go: hidden `channels`, written `scale`x larger by "
+     "every MLP.")
     channels: tuple
     scale: float = 64.0
 
+# %% ../../nbs/analysis/00_weights.ipynb #2d5213d5
 def massive_channels(hidden: int, n: int = 4) -> tuple:
     "`n` fixed hidden channels spread over the width (the same at every TP size)."
     return tuple(round((i + 0.5) * hidden / n) + 1 for i in range(n))
 
+# %% ../../nbs/analysis/00_weights.ipynb #d663f7d0
 @torch.no_grad()
 def add_massive_activations_(model: nn.Module, channels, scale: float = 64.0) -> nn.Module:
-    ("SYNTHETIC: scale `down_proj` rows `channels` by `scale` and those channels of both layer norms by 1/`scale`, "
-     "every layer.")
+    ("SYNTHETIC: scale `down_proj` rows `channels` by `scale` and those channels of both layer "
+     "norms by 1/`scale`, every layer.")
     if scale <= 0 or math.frexp(scale)[0] != 0.5:
-        raise ValueError(f"scale={scale}: use a power of two (e.g. 64), so that the change is exact in every dtype")
+        raise ValueError(f"scale={scale}: use a power of two (e.g. 64), so that the change is "
+                         "exact in every dtype")
     layers = [m for m in model.modules() if isinstance(m, DecoderLayer)]
     if not layers: raise ValueError(f"{type(model).__name__} has no text.DecoderLayer")
     if any(not isinstance(layer.mlp.down_proj, RowParallelLinear) for layer in layers):
-        raise ValueError("add massive activations before FP8 quantization (down_proj is already FP8)")
+        raise ValueError("add massive activations before FP8 quantization (down_proj is already "
+                         "FP8)")
     ch = list(channels)
     for layer in layers:
         layer.mlp.down_proj.weight[ch] *= scale
@@ -131,6 +147,7 @@ def peak_ratio(x: torch.Tensor) -> float:
     a = x.detach().abs().float().flatten()
     return (a.max() / a.median()).item()
 
+# %% ../../nbs/analysis/00_weights.ipynb #29d8871e
 def _activation_stats(enc: Encoder, inputs: dict, channels=()) -> pd.DataFrame:
     ("Per layer: `peak_ratio` of the residual state and of the `o_proj` / `down_proj` inputs; "
      "energy share of `channels`; relative update of the other channels.")
@@ -138,17 +155,19 @@ def _activation_stats(enc: Encoder, inputs: dict, channels=()) -> pd.DataFrame:
     for i, layer in enumerate(enc.text.layers):
         for name in ("self_attn.o_proj", "mlp.down_proj"):
             hooks.append(layer.get_submodule(name).register_forward_pre_hook(
-                lambda m, args, k=(i, name.split(".")[-1] + " input"): seen.__setitem__(k, peak_ratio(args[0]))))
+                lambda m, args, k=(i, name.split(".")[-1] + " input"):
+                    seen.__setitem__(k, peak_ratio(args[0]))))
     try:
         with layer_states(enc.text) as states: enc.encode(**inputs)
     finally:
         for h in hooks: h.remove()
     rest = torch.ones(states[0].shape[-1], dtype=torch.bool)
     rest[list(channels)] = False
-    update = lambda i: (((states[i] - states[i - 1])[:, rest].norm() / states[i - 1][:, rest].norm()).item()
-                        if i else float("nan"))
+    update = lambda i: (((states[i] - states[i - 1])[:, rest].norm()
+                         / states[i - 1][:, rest].norm()).item() if i else float("nan"))
     share = lambda s: (1 - s[:, rest].double().norm() ** 2 / s.double().norm() ** 2).item()
-    rows = {i + 1: {"residual": peak_ratio(s), "massive share": share(s), "update (rest)": update(i)}
+    rows = {i + 1: {"residual": peak_ratio(s), "massive share": share(s),
+                    "update (rest)": update(i)}
                    | {k: v for (j, k), v in seen.items() if j == i}
             for i, s in enumerate(states)}
     return pd.DataFrame(rows).T.rename_axis("layer")
@@ -156,18 +175,23 @@ def _activation_stats(enc: Encoder, inputs: dict, channels=()) -> pd.DataFrame:
 # %% ../../nbs/analysis/00_weights.ipynb #482e8c05
 QUANTS = ("none",) + tuple(f"fp8-{g}-{a}" for g in GRANULARITIES for a in ACT_MODES)
 
-def build(cfg: EncoderConfig, group: Group | None = None, dtype=torch.bfloat16, device=None, seed: int = 0,
-          massive: Massive | None = None, quant: str = "none", reduce: str = "fp32") -> Encoder:
-    "A random-weight `Encoder` on `group`: `random_weights_`, then `add_massive_activations_`, then FP8 `quant`."
+def build(cfg: EncoderConfig, group: Group | None = None, dtype=torch.bfloat16, device=None,
+          seed: int = 0, massive: Massive | None = None, quant: str = "none", reduce: str = "fp32"
+          ) -> Encoder:
+    ("A random-weight `Encoder` on `group`: `random_weights_`, then `add_massive_activations_`, "
+     "then FP8 `quant`.")
     if quant not in QUANTS: raise ValueError(f"quant={quant!r}: choose one of {QUANTS}")
     enc = random_weights_(Encoder(cfg, group, reduce, dtype, device), seed)
     if massive: add_massive_activations_(enc.text, *massive)
     if quant != "none": quantize_model_(enc.text, *quant.split("-")[1:])
     return enc
 
+# %% ../../nbs/analysis/00_weights.ipynb #e8144e62
 def set_reduce_(model: nn.Module, reduce: str) -> nn.Module:
-    "Set the reduction precision of every row-parallel linear in `model` (bf16 or FP8) to `reduce`, in place."
-    if reduce not in REDUCE_MODES: raise ValueError(f"reduce={reduce!r}: choose one of {REDUCE_MODES}")
+    ("Set the reduction precision of every row-parallel linear in `model` (bf16 or FP8) to "
+     "`reduce`, in place.")
+    if reduce not in REDUCE_MODES: raise ValueError(f"reduce={reduce!r}: choose one of "
+                                                    f"{REDUCE_MODES}")
     for m in model.modules():
         if isinstance(m, (RowParallelLinear, Fp8RowParallelLinear)): m.reduce = reduce
     return model
