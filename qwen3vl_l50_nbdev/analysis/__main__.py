@@ -15,31 +15,38 @@ import torch.distributed as dist
 from ..config import qwen3vl_32b
 from ..dist import init_world
 from ..tp import REDUCE_MODES
-from .weights import QUANTS, Massive, massive_channels, make_prompts, small_config
+from .weights import (QUANTS, Massive, massive_channels, make_prompts,
+                                                 small_config)
 from .sweep import sweep
-from .report import WRITE_ENV, error_table, provenance, stored_runs, write_csv
+from .report import (WRITE_ENV, error_table, provenance, stored_runs,
+                                                write_csv)
 
 # %% ../../nbs/analysis/00c_runner.ipynb #427411cb
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m qwen3vl_l50_nbdev.analysis sweep",
                                 description="per-layer errors of the TP encoder vs fp32")
     a = p.add_argument
-    a("--stored", action="store_true", help="check every stored CPU run live against its CSV (report.stored_runs); "
+    a("--stored", action="store_true",
+      help="check every stored CPU run live against its CSV (report.stored_runs); "
       f"{WRITE_ENV}=1: rewrite them")
-    a("--full", action="store_true", help="Qwen3-VL-32B dimensions, 50 layers, on CUDA (default: small_config on CPU)")
+    a("--full", action="store_true",
+      help="Qwen3-VL-32B dimensions, 50 layers, on CUDA (default: small_config on CPU)")
     a("--device", choices=("cuda", "cpu"), default=None,
       help="default: cuda with --full, else cpu (--full --device cpu: a dry run)")
     a("--layers", type=int, default=None, help="decoder layers (default: 50 full, 12 small)")
     a("--seq", type=int, default=None, help="tokens per prompt (default: 1024 full, 160 small)")
-    a("--prompts", default=None, help="comma list of text,image,video (default: text,image full; all three small)")
+    a("--prompts", default=None,
+      help="comma list of text,image,video (default: text,image full; all three small)")
     a("--tp", default=None, help="comma list of TP sizes (default: 1 and the world size)")
     a("--reduce", default=",".join(REDUCE_MODES), help="reduction modes at TP>1")
     a("--quant", default="none", help=f"comma list of {','.join(QUANTS)}")
     a("--quant-reduce", default="fp32", help="reduction modes for the FP8 variants at TP>1")
-    a("--massive", default="off,on", help="without (off) and/or with (on) the synthetic massive activations")
+    a("--massive", default="off,on",
+      help="without (off) and/or with (on) the synthetic massive activations")
     a("--scale", type=float, default=64.0, help="massive-activation scale (a power of two)")
     a("--seed", type=int, default=0)
-    a("--fp64", choices=("auto", "yes", "no"), default="auto", help="fp64 reference too (auto: on CPU only)")
+    a("--fp64", choices=("auto", "yes", "no"), default="auto",
+      help="fp64 reference too (auto: on CPU only)")
     a("--out", default="nbs/analysis/data", help="directory for the CSV")
     a("--name", default=None, help="CSV file stem (default: full_<tps> or small_<tps>)")
     a("--commit", default=None, help="commit to record (default: the package's own, git_commit)")
@@ -47,69 +54,86 @@ def _parser() -> argparse.ArgumentParser:
 
 # %% ../../nbs/analysis/00c_runner.ipynb #8ffe4962
 def sweep_main(argv=None) -> int:
-    ("`[torchrun --nproc_per_node N] python -m qwen3vl_l50_nbdev.analysis sweep [--full] ...`: the error sweep; "
-     "rank 0 writes the CSV.")
+    ("`[torchrun --nproc_per_node N] python -m qwen3vl_l50_nbdev.analysis sweep [--full] ...`: "
+     "the error sweep; rank 0 writes the CSV.")
     a = _parser().parse_args(argv)
     if a.stored: return stored_runs() and 0
     kind = a.device or ("cuda" if a.full else "cpu")
     if kind == "cuda" and not torch.cuda.is_available():
         raise SystemExit("no CUDA device: --full needs GPUs (or --device cpu for a dry run)")
-    device = init_world(kind, timeout_s=3600)   # an hour: rank 0 computes the references while the others wait
+    # an hour: rank 0 computes the references while the others wait
+    device = init_world(kind, timeout_s=3600)
     try:
         world = dist.get_world_size() if dist.is_initialized() else 1
         layers = a.layers or (50 if a.full else 12)
         cfg = qwen3vl_32b(layers) if a.full else small_config(layers)
         tps = [int(t) for t in a.tp.split(",")] if a.tp else sorted({1, world})
-        if bad := [t for t in tps if not 1 <= t <= world]: raise SystemExit(f"--tp {bad}: the world has {world} ranks")
+        if bad := [t for t in tps if not 1 <= t <= world]:
+            raise SystemExit(f"--tp {bad}: the world has {world} ranks")
         kinds = (a.prompts or ("text,image" if a.full else "text,image,video")).split(",")
         prompts = make_prompts(cfg, a.seq or (1024 if a.full else 160), kinds, a.seed)
         massive = Massive(massive_channels(cfg.text.hidden_size), a.scale)
         variants = tuple(dict(off=False, on=True)[m] for m in a.massive.split(","))
         fp64 = a.fp64 == "yes" or (a.fp64 == "auto" and device.type == "cpu")
         if kind == "cpu": torch.set_num_threads(max(1, (os.cpu_count() or 1) // world))
-        df = sweep(cfg, prompts, tps, a.reduce.split(","), a.quant.split(","), a.quant_reduce.split(","), variants,
-                   massive, a.seed, device, fp64)
+        df = sweep(cfg, prompts, tps, a.reduce.split(","), a.quant.split(","),
+                   a.quant_reduce.split(","), variants, massive, a.seed, device, fp64)
         if df is not None:
-            meta = provenance(device, a.commit) | dict(config="qwen3vl_32b" if a.full else "small_config",
-                                                      layers=layers,
-                                                      seq=str({k: len(v["input_ids"]) for k, v in prompts.items()}),
-                                                      massive_channels=str(massive.channels),
-                                                      massive_scale=massive.scale)
-            out = Path(a.out) / f"{a.name or ('full' if a.full else 'small')}_tp{'-'.join(map(str, tps))}.csv"
-            write_csv(df, out, meta, "%.9g", error_table(df).to_string(float_format="{:.3e}".format))
+            seq = str({k: len(v["input_ids"]) for k, v in prompts.items()})
+            meta = provenance(device, a.commit) | dict(
+                config="qwen3vl_32b" if a.full else "small_config", layers=layers, seq=seq,
+                massive_channels=str(massive.channels), massive_scale=massive.scale)
+            stem = a.name or ("full" if a.full else "small")
+            out = Path(a.out) / f"{stem}_tp{'-'.join(map(str, tps))}.csv"
+            write_csv(df, out, meta, "%.9g",
+                      error_table(df).to_string(float_format="{:.3e}".format))
     finally:
         if dist.is_initialized(): dist.destroy_process_group()
     return 0
 
 # %% ../../nbs/analysis/00c_runner.ipynb #5de0c221
 COMMANDS = {   # command: (module of the harness, its entry point, what it measures)
-    "speed": ("speed", "command", "ours against HF on one GPU: exact, fast, FP8 (04a_speed_bench)"),
-    "tp": ("tp_speed", "command", "tensor parallelism under torchrun: TP 1 against TP 2, sums, profile (05_tp_speed)"),
-    "fp8-blocks": ("fp8_blocks", "command", "block-FP8 checkpoints: error, speed, GEMMs (03b_fp8_blocks)"),
-    "offload": ("offload_bench", "command", "CPU and layer-wise offload, timed (06_offload_bench)"),
-    "dataset": ("dataset_bench", "command", "encode-dataset's batches against one call a prompt (07a_dataset_bench)"),
-    "validate": ("validate_bench", "command", "`validate` on a 32B-dimension checkpoint (08_validate_bench)"),
-    "sweep": ("__main__", "sweep_main", "per-layer errors of every TP size, reduction and quantization (00a_sweep)"),
-    "load": ("load_bench", "command", "from_pretrained against the read and host-to-device floor (08a_load_bench)"),
-    "startup": ("startup", "command", "a fresh process to its first embedding, ours and HF's (09a_startup_bench)"),
-    "video-check": ("__main__", "video_check", "video processing against transformers' (11_inputs; needs torchvision)"),
+    "speed": ("speed", "command",
+              "ours against HF on one GPU: exact, fast, FP8 (04a_speed_bench)"),
+    "tp": ("tp_speed", "command",
+           "tensor parallelism under torchrun: TP 1 against TP 2, sums, profile (05_tp_speed)"),
+    "fp8-blocks": ("fp8_blocks", "command",
+                   "block-FP8 checkpoints: error, speed, GEMMs (03b_fp8_blocks)"),
+    "offload": ("offload_bench", "command",
+                "CPU and layer-wise offload, timed (06_offload_bench)"),
+    "dataset": ("dataset_bench", "command",
+                "encode-dataset's batches against one call a prompt (07a_dataset_bench)"),
+    "validate": ("validate_bench", "command",
+                 "`validate` on a 32B-dimension checkpoint (08_validate_bench)"),
+    "sweep": ("__main__", "sweep_main",
+              "per-layer errors of every TP size, reduction and quantization (00a_sweep)"),
+    "load": ("load_bench", "command",
+             "from_pretrained against the read and host-to-device floor (08a_load_bench)"),
+    "startup": ("startup", "command",
+                "a fresh process to its first embedding, ours and HF's (09a_startup_bench)"),
+    "video-check": ("__main__", "video_check",
+                    "video processing against transformers' (11_inputs; needs torchvision)"),
 }
 
 # %% ../../nbs/analysis/00c_runner.ipynb #477036d2
 def video_check(argv=None) -> int:
-    "`python -m qwen3vl_l50_nbdev.analysis video-check [--out FILE] [--seed N]`: exit 0 when equal, 1 when not."
+    ("`python -m qwen3vl_l50_nbdev.analysis video-check [--out FILE] [--seed N]`: exit 0 when "
+     "equal, 1 when not.")
     from qwen3vl_l50_nbdev.inputs import check_video_against_hf
     p = argparse.ArgumentParser(prog="python -m qwen3vl_l50_nbdev.analysis video-check",
                                 description=video_check.__doc__)
-    p.add_argument("--check-video-against-hf", action="store_true", help=argparse.SUPPRESS)   # the old spelling's flag
+    # the old spelling's flag
+    p.add_argument("--check-video-against-hf", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--out", default=None, help="write the results here (text)")
-    p.add_argument("--seed", type=int, default=None, help="seed of the random clips (default: fresh)")
+    p.add_argument("--seed", type=int, default=None,
+                   help="seed of the random clips (default: fresh)")
     a = p.parse_args(argv)
     return 0 if check_video_against_hf(a.out, a.seed) else 1
 
 # %% ../../nbs/analysis/00c_runner.ipynb #1f73d502
 def main(argv=None) -> int:
-    "`python -m qwen3vl_l50_nbdev.analysis COMMAND [OPTIONS]`: the benchmark `COMMAND` (`COMMANDS`), its options."
+    ("`python -m qwen3vl_l50_nbdev.analysis COMMAND [OPTIONS]`: the benchmark `COMMAND` "
+     "(`COMMANDS`), its options.")
     import importlib
     argv = sys.argv[1:] if argv is None else list(argv)
     if argv and argv[0].startswith("-") and argv[0] not in ("-h", "--help"):
@@ -117,12 +141,15 @@ def main(argv=None) -> int:
     if not argv or argv[0] not in COMMANDS:
         width = max(map(len, COMMANDS))
         usage = "\n".join(f"  {c:<{width}}  {what}" for c, (_, _, what) in COMMANDS.items())
-        print(f"usage: python -m qwen3vl_l50_nbdev.analysis COMMAND [OPTIONS] (COMMAND --help: its options)\n{usage}")
-        if argv and argv[0] not in ("-h", "--help"): print(f"unknown command {argv[0]!r}", file=sys.stderr)
+        print("usage: python -m qwen3vl_l50_nbdev.analysis COMMAND [OPTIONS] "
+              f"(COMMAND --help: its options)\n{usage}")
+        if argv and argv[0] not in ("-h", "--help"):
+            print(f"unknown command {argv[0]!r}", file=sys.stderr)
         return 0 if argv and argv[0] in ("-h", "--help") else 2
     mod, fn, _ = COMMANDS[argv[0]]
     return getattr(importlib.import_module(f"qwen3vl_l50_nbdev.analysis.{mod}"), fn)(argv[1:]) or 0
 
 # %% ../../nbs/analysis/00c_runner.ipynb #6085b591
 #| eval: false
-if __name__ == "__main__" and "__file__" in globals(): sys.exit(main())   # `python -m`, not a notebook kernel
+# `python -m`, not a notebook kernel
+if __name__ == "__main__" and "__file__" in globals(): sys.exit(main())

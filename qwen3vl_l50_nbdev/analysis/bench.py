@@ -18,40 +18,51 @@ from .weights import random_weights_
 from .timing import cuda_ms
 
 # %% ../../nbs/analysis/03a_fp8_bench.ipynb #eb25551c
-def decoder_states(model: TextModel, x: torch.Tensor, pos: torch.Tensor, fp32: bool = False) -> list[torch.Tensor]:
-    "Each decoder layer's output; `fp32`: each (bf16) layer run in fp32, cast there and back one at a time (exact)."
+def decoder_states(model: TextModel, x: torch.Tensor, pos: torch.Tensor,
+                   fp32: bool = False) -> list[torch.Tensor]:
+    ("Each decoder layer's output; `fp32`: each (bf16) layer run in fp32, cast there and back one "
+     "at a time (exact).")
     cos, sin = model.rotary(pos, torch.float32 if fp32 else x.dtype)
     h, out = x.float() if fp32 else x, []
     for layer in model.layers:
-        if fp32: h = layer.float().forward(h, cos, sin); layer.to(x.dtype)   # `forward`: not through torch.compile
+        # `forward`: not through torch.compile
+        if fp32: h = layer.float().forward(h, cos, sin); layer.to(x.dtype)
         else: h = layer(h, cos, sin)
         out.append(h)
     return out
 
 # %% ../../nbs/analysis/03a_fp8_bench.ipynb #a62ed1f2
 def bench_fp8(seq: int = 2048, layers: int = 50, granularity: str = "channel", act: str = "token",
-              compile: bool = False, device: str = "cuda", iters: int = 5, warmup: int = 2, seed: int = 0) -> dict:
-    ("32B-dimension text decoder cut at `layers`, random weights on `device`: weight GiB, ms per forward and errors, "
-     "bf16 vs FP8.")
+              compile: bool = False, device: str = "cuda", iters: int = 5, warmup: int = 2,
+              seed: int = 0) -> dict:
+    ("32B-dimension text decoder cut at `layers`, random weights on `device`: weight GiB, ms per "
+     "forward and errors, bf16 vs FP8.")
     check_fp8_modes(granularity, act)
     if not torch.cuda.is_available():
         raise RuntimeError("bench_fp8 needs a CUDA device: it measures GPU memory and time")
     dev, gib = torch.device(device), 2 ** -30
-    torch._dynamo.reset()   # compiled graphs of an earlier call hold its model and count towards the recompile limit
+    # compiled graphs of an earlier call hold its model and count towards the recompile limit
+    torch._dynamo.reset()
     gc.collect(); torch.cuda.synchronize(dev); base = torch.cuda.memory_allocated(dev)
-    model = random_weights_(TextModel(qwen3vl_32b(layers).text, layers, dtype=torch.bfloat16, device=dev), seed)
+    model = random_weights_(TextModel(qwen3vl_32b(layers).text, layers, dtype=torch.bfloat16,
+                                      device=dev), seed)
     torch.cuda.synchronize(dev); mem_bf16 = torch.cuda.memory_allocated(dev) - base
     g = torch.Generator(dev).manual_seed(seed + 1)
-    x = torch.randn(seq, model.embed_tokens.weight.shape[1], generator=g, device=dev, dtype=torch.bfloat16)
+    x = torch.randn(seq, model.embed_tokens.weight.shape[1], generator=g, device=dev,
+                    dtype=torch.bfloat16)
     pos = torch.arange(seq, device=dev).expand(3, seq)
-    if compile:   # each decoder layer through torch.compile, bf16 and FP8 alike (one graph serves every layer)
+    # each decoder layer through torch.compile, bf16 and FP8 alike (one graph serves every layer)
+    if compile:
         for layer in model.layers: layer.compile()
-    run = lambda: model(x, pos)   # noqa: F821 (a ruff false positive, astral-sh/ruff#22452: `del model` below)
+    # F821: a ruff false positive (astral-sh/ruff#22452) from `del model` below
+    run = lambda: model(x, pos)   # noqa: F821
     _rel = lambda x, r: diff_row(x, r)["rel_l2"]
     with torch.inference_mode():
-        ms_bf16, ref, bf16 = (cuda_ms(run, iters, warmup), decoder_states(model, x, pos, fp32=True),
+        ms_bf16, ref, bf16 = (cuda_ms(run, iters, warmup),
+                              decoder_states(model, x, pos, fp32=True),
                               decoder_states(model, x, pos))
-        torch.cuda.synchronize(dev); before = torch.cuda.memory_allocated(dev); torch.cuda.reset_peak_memory_stats(dev)
+        torch.cuda.synchronize(dev); before = torch.cuda.memory_allocated(dev)
+        torch.cuda.reset_peak_memory_stats(dev)
         quantize_model_(model, granularity, act)
         torch.cuda.synchronize(dev)
         mem_fp8, peak = (mem_bf16 + torch.cuda.memory_allocated(dev) - before,
@@ -59,8 +70,9 @@ def bench_fp8(seq: int = 2048, layers: int = 50, granularity: str = "channel", a
         ms_fp8, fp8 = cuda_ms(run, iters, warmup), decoder_states(model, x, pos)
     del model; torch._dynamo.reset()
     vs_bf16, vs_fp32 = diff_row(fp8[-1], bf16[-1]), diff_row(fp8[-1], ref[-1])
-    return dict(seq=seq, layers=layers, granularity=granularity, act=act, compile=compile, gib_bf16=mem_bf16 * gib,
-                gib_fp8=mem_fp8 * gib, mem_ratio=mem_fp8 / mem_bf16, peak_gib_quantizing=peak * gib, ms_bf16=ms_bf16,
+    return dict(seq=seq, layers=layers, granularity=granularity, act=act, compile=compile,
+                gib_bf16=mem_bf16 * gib, gib_fp8=mem_fp8 * gib, mem_ratio=mem_fp8 / mem_bf16,
+                peak_gib_quantizing=peak * gib, ms_bf16=ms_bf16,
                 ms_fp8=ms_fp8, speedup=ms_bf16 / ms_fp8, rel_l2_vs_bf16=vs_bf16["rel_l2"],
                 cosine_vs_bf16=vs_bf16["cosine"], rel_l2_fp8_vs_fp32=vs_fp32["rel_l2"],
                 rel_l2_bf16_vs_fp32=_rel(bf16[-1], ref[-1]), cosine_fp8_vs_fp32=vs_fp32["cosine"],
@@ -69,17 +81,20 @@ def bench_fp8(seq: int = 2048, layers: int = 50, granularity: str = "channel", a
 
 # %% ../../nbs/analysis/03a_fp8_bench.ipynb #4ef195be
 def bench_table(b: pd.DataFrame) -> pd.DataFrame:
-    ("The rows of a `bench_fp8` CSV as the table of this notebook: memory, time, speed-up and errors "
-     "of FP8 against bf16.")
+    ("The rows of a `bench_fp8` CSV as the table of this notebook: memory, time, speed-up and "
+     "errors of FP8 against bf16.")
     gib = lambda c: b[c].map("{:.2f} GiB".format)
     t = pd.DataFrame({"w / x scales": b["granularity"] + " / " + b["act"],
                       "compile": b["compile"].map({True: "yes", False: "no"}),
                       "bf16 weights": gib("gib_bf16"), "FP8 weights": gib("gib_fp8"),
                       "ratio": b["mem_ratio"].map("{:.3f}".format),
-                      "peak while quantizing": gib("peak_gib_quantizing"), "bf16 ms": b["ms_bf16"].map("{:.1f}".format),
-                      "FP8 ms": b["ms_fp8"].map("{:.1f}".format), "speed-up": b["speedup"].map("{:.2f}×".format),
-                      "FP8 vs bf16: rel L2 / cosine": (b["rel_l2_vs_bf16"].map("{:.3f}".format) + " / "
-                                                       + b["cosine_vs_bf16"].map("{:.4f}".format))})
+                      "peak while quantizing": gib("peak_gib_quantizing"),
+                      "bf16 ms": b["ms_bf16"].map("{:.1f}".format),
+                      "FP8 ms": b["ms_fp8"].map("{:.1f}".format),
+                      "speed-up": b["speedup"].map("{:.2f}×".format),
+                      "FP8 vs bf16: rel L2 / cosine": (
+                          b["rel_l2_vs_bf16"].map("{:.3f}".format) + " / "
+                          + b["cosine_vs_bf16"].map("{:.4f}".format))})
     if "rel_l2_fp8_vs_fp32" in b:   # runs from before the fp32 columns have none
         t["vs fp32: FP8 / bf16 rel L2"] = (b["rel_l2_fp8_vs_fp32"].map("{:.3f}".format) + " / "
                                            + b["rel_l2_bf16_vs_fp32"].map("{:.4f}".format))

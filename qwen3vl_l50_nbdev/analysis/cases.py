@@ -17,8 +17,8 @@ from ..hf import hf_forward
 
 # %% ../../nbs/analysis/00e_cases.ipynb #a99404fc
 def hf_model(cfg, device, dtype=torch.bfloat16) -> torch.nn.Module:
-    ("HF's Qwen3VLModel cut at `cfg.selected_layer` (final norm Identity), built in `dtype` on `device` ('meta': no "
-     "memory, no init), in eval mode without gradients.")
+    ("HF's Qwen3VLModel cut at `cfg.selected_layer` (final norm Identity), built in `dtype` on "
+     "`device` ('meta': no memory, no init), in eval mode without gradients.")
     from transformers import Qwen3VLModel
     hfc = cfg.to_hf(); hfc.text_config.num_hidden_layers = cfg.selected_layer
     old = torch.get_default_dtype(); torch.set_default_dtype(dtype)
@@ -31,9 +31,10 @@ def hf_model(cfg, device, dtype=torch.bfloat16) -> torch.nn.Module:
 # %% ../../nbs/analysis/00e_cases.ipynb #5841b106
 @torch.no_grad()
 def copy_rotary_(hf, enc):
-    ("HF's rotary tables from our encoder's: as from_pretrained builds them, on the CPU (ours are computed there; "
-     "03_rope: HF's expression).")
-    for m, ours in ((hf.language_model.rotary_emb, enc.text.rotary), (hf.visual.rotary_pos_emb, enc.vision.rotary)):
+    ("HF's rotary tables from our encoder's: as from_pretrained builds them, on the CPU (ours are "
+     "computed there; 03_rope: HF's expression).")
+    for m, ours in ((hf.language_model.rotary_emb, enc.text.rotary),
+                    (hf.visual.rotary_pos_emb, enc.vision.rotary)):
         for b in ("inv_freq", "original_inv_freq"):
             if hasattr(m, b): getattr(m, b).copy_(ours.inv_freq)
 
@@ -45,7 +46,8 @@ def build_pair(cfg, device, dtype=torch.bfloat16, seed=0):
     hf = hf_model(cfg, device, dtype)
     with torch.no_grad():
         for n, p in hf.named_parameters():
-            if "norm" in n and n.endswith("weight"): p.normal_(1, 0.1)    # not all ones: a skipped copy would show
+            # not all ones: a skipped copy would show
+            if "norm" in n and n.endswith("weight"): p.normal_(1, 0.1)
     enc = Encoder(cfg, dtype=dtype, device=device)
     load_weights(enc, hf.named_parameters())
     copy_rotary_(hf, enc)
@@ -54,18 +56,20 @@ def build_pair(cfg, device, dtype=torch.bfloat16, seed=0):
 # %% ../../nbs/analysis/00e_cases.ipynb #981a37b7
 @contextlib.contextmanager
 def fp32_hf(hf):
-    ("HF in fp32 with the same weights: vision and embedding converted, each decoder layer while it runs; "
-     "restored after.")
+    ("HF in fp32 with the same weights: vision and embedding converted, each decoder layer while "
+     "it runs; restored after.")
     flags = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
     torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
     lm, saved = hf.language_model, {}
-    def up(m):      # each parameter's fp32 copy in place of its data; the bf16 storage kept, and put back by `down`
+    # each parameter's fp32 copy in place of its data; the bf16 storage kept, and put back by `down`
+    def up(m):
         for p in m.parameters(): saved[p] = p.data; p.data = p.data.float()
     def down(m):
         for p in m.parameters(): p.data = saved.pop(p)
     up(hf.visual); up(lm.embed_tokens)
-    hooks = [h for layer in lm.layers for h in (layer.register_forward_pre_hook(lambda m, a: up(m)),
-                                                layer.register_forward_hook(lambda m, a, o: down(m)))]
+    hooks = [h for layer in lm.layers
+             for h in (layer.register_forward_pre_hook(lambda m, a: up(m)),
+                       layer.register_forward_hook(lambda m, a, o: down(m)))]
     try: yield
     finally:
         for h in hooks: h.remove()
@@ -74,28 +78,35 @@ def fp32_hf(hf):
 
 # %% ../../nbs/analysis/00e_cases.ipynb #a6f1e374
 def eager_unless(compiled: bool):
-    "A context: compiled modules run compiled (`compiled`), or eagerly (`torch.compiler.set_stance('force_eager')`)."
+    ("A context: compiled modules run compiled (`compiled`), or eagerly "
+     "(`torch.compiler.set_stance('force_eager')`).")
     return contextlib.nullcontext() if compiled else torch.compiler.set_stance("force_eager")
 
+# %% ../../nbs/analysis/00e_cases.ipynb #e90923ed
 def fast_twin(enc: Encoder, cfg: FastConfig = FastConfig()) -> Encoder:
-    ("Fast mode `cfg` on a copy of the exact-mode `enc` (before its first call) whose modules hold `enc`'s very "
-     "weight tensors and share its host copy: one encoder per mode, no second copy of the weights.")
+    ("Fast mode `cfg` on a copy of the exact-mode `enc` (before its first call) whose modules hold "
+     "`enc`'s very weight tensors and share its host copy: one encoder per mode, no second copy of "
+     "the weights.")
     shared = {id(t): t for t in (*enc.parameters(), *enc.buffers(), enc.to_host)}
     return apply_fast(copy.deepcopy(enc, shared), cfg)
 
+# %% ../../nbs/analysis/00e_cases.ipynb #27beacdb
 def variant_call(hf, encs: dict, cfg: EncoderConfig, device):
-    ("`call(v, x, where='cpu')`: variant `v`'s output for the prompt `x` (`encode`'s inputs, or a list of them: one "
-     "packed call) on `where`: 'hf_eager' and 'hf_compiled' through `hf` (its result through our encoder's "
-     "`HostCopy`), else `encs[v]` ('fp8_' prefix dropped).")
+    ("`call(v, x, where='cpu')`: variant `v`'s output for the prompt `x` (`encode`'s inputs, or a "
+     "list of them: one packed call) on `where`: 'hf_eager' and 'hf_compiled' through `hf` (its "
+     "result through our encoder's `HostCopy`), else `encs[v]` ('fp8_' prefix dropped).")
     def call(v, x, where="cpu"):
         if v.startswith("hf"):
-            with eager_unless(v == "hf_compiled"): return hf_forward(hf, cfg, x, device, encs["exact"].to_host)
+            with eager_unless(v == "hf_compiled"):
+                return hf_forward(hf, cfg, x, device, encs["exact"].to_host)
         e = encs[v.removeprefix("fp8_")]
-        return e.encode_batch(x, where) if isinstance(x, list) else e.encode(**x, output_device=where)
+        if isinstance(x, list): return e.encode_batch(x, where)
+        return e.encode(**x, output_device=where)
     return call
 
 # %% ../../nbs/analysis/00e_cases.ipynb #68f6f929
 def text_case(cfg, n, seed=0):
     "A text-only prompt of `n` random token ids (seeded): `encode`'s inputs."
     g = torch.Generator().manual_seed(seed)
-    return dict(input_ids=torch.randint(0, cfg.text_id_limit, (n,), generator=g))   # text ids only
+    # text ids only
+    return dict(input_ids=torch.randint(0, cfg.text_id_limit, (n,), generator=g))

@@ -25,8 +25,9 @@ from ..config import EncoderConfig, qwen3vl_32b
 from ..encoder import Encoder
 from ..fast import FastConfig, MODES
 from ..fp8 import quantize_weight, quantize_act, scaled_mm, fp8_linear
-from ..fp8_blocks import (BlockFp8, quantize_tensors, block_tiny, block_kernel, quantize_blocks,
-                                         act_quant_kernel, quantize_act_blocks, block_mm, block_scaled_mm)
+from ..fp8_blocks import (BlockFp8, quantize_tensors, block_tiny, block_kernel,
+                                          quantize_blocks, act_quant_kernel, quantize_act_blocks,
+                                          block_mm, block_scaled_mm)
 from ..metrics import diff_row, layer_states
 from ..provenance import provenance
 from ..tiny import synthetic_inputs
@@ -37,33 +38,39 @@ from .timing import cuda_ms, wall_ms, sync, free_memory
 from .report import write_csv, data_dir
 
 # %% ../../nbs/analysis/03b_fp8_blocks.ipynb #00bb0dc8
-def write_checkpoint(dst, cfg: EncoderConfig, fmt: BlockFp8 | None = None, seed: int = 0, device="cpu",
-                     layers_per_shard: int = 2) -> Path:
-    ("A random HF-format checkpoint of `cfg` (text cut at `selected_layer`, no lm_head) at `dst`: bf16, or block FP8 "
-     "in `fmt`, quantized on `device`; returns `dst`.")
+def write_checkpoint(dst, cfg: EncoderConfig, fmt: BlockFp8 | None = None, seed: int = 0,
+                     device="cpu", layers_per_shard: int = 2) -> Path:
+    ("A random HF-format checkpoint of `cfg` (text cut at `selected_layer`, no lm_head) at `dst`: "
+     "bf16, or block FP8 in `fmt`, quantized on `device`; returns `dst`.")
     dst = Path(dst); dst.mkdir(parents=True, exist_ok=True)
     hf = cfg.to_hf(); hf.text_config.num_hidden_layers = cfg.selected_layer
     hf.save_pretrained(dst)
     text = "model.language_model.layers."
-    shard = lambda k: f"layers-{int(k.split('.')[3]) // layers_per_shard:03d}" if k.startswith(text) else "rest"
+    shard = lambda k: (f"layers-{int(k.split('.')[3]) // layers_per_shard:03d}"
+                       if k.startswith(text) else "rest")
     names = [k for k in hf_shapes(cfg) if k != "lm_head.weight"]
     weight_map, total = {}, 0
     for s in sorted({shard(k) for k in names}):
         ts = ((k, _full_random(k, hf_shapes(cfg)[k], seed, device)) for k in names if shard(k) == s)
         out = {k: t.cpu() for k, t in (quantize_tensors(ts, fmt, device) if fmt else ts)}
         save_file(out, dst / f"{s}.safetensors", metadata={"format": "pt"})
-        weight_map |= dict.fromkeys(out, f"{s}.safetensors"); total += sum(t.nbytes for t in out.values())
-    (dst / "model.safetensors.index.json").write_text(json.dumps(dict(metadata=dict(total_size=total),
-                                                                     weight_map=weight_map), indent=1))
+        weight_map |= dict.fromkeys(out, f"{s}.safetensors")
+        total += sum(t.nbytes for t in out.values())
+    index = dict(metadata=dict(total_size=total), weight_map=weight_map)
+    (dst / "model.safetensors.index.json").write_text(json.dumps(index, indent=1))
     if fmt:
         c = json.loads((dst / "config.json").read_text())
-        (dst / "config.json").write_text(json.dumps(c | dict(quantization_config=fmt.to_config()), indent=2))
+        c |= dict(quantization_config=fmt.to_config())
+        (dst / "config.json").write_text(json.dumps(c, indent=2))
     return dst
 
 # %% ../../nbs/analysis/03b_fp8_blocks.ipynb #d3f1052e
-VARIANTS = {"bf16": ("bf16", {}), "fp8-channel": ("bf16", dict(quant="fp8", fp8_granularity="channel")),
-            "fp8-tensor": ("bf16", dict(quant="fp8", fp8_granularity="tensor")), "fp8-blocks": ("fp8", {})}
+VARIANTS = {"bf16": ("bf16", {}),
+            "fp8-channel": ("bf16", dict(quant="fp8", fp8_granularity="channel")),
+            "fp8-tensor": ("bf16", dict(quant="fp8", fp8_granularity="tensor")),
+            "fp8-blocks": ("fp8", {})}
 
+# %% ../../nbs/analysis/03b_fp8_blocks.ipynb #442bdecb
 def _weights_gib(enc: Encoder) -> float:
     return sum(t.nbytes for t in chain(enc.parameters(), enc.buffers())) / 2 ** 30
 
@@ -73,47 +80,57 @@ def _ms(fn, cuda: bool, iters: int, warmup: int) -> float:
     return wall_ms(fn, False, iters)[1]
 
 # %% ../../nbs/analysis/03b_fp8_blocks.ipynb #de3201ec
-def bench_blocks(cfg: EncoderConfig, workdir, seqs=(128, 512, 2048), device="cpu", mode="fast", iters: int = 10,
-                 warmup: int = 3, seed: int = 0, variants=tuple(VARIANTS), rounds: int = 5) -> pd.DataFrame:
-    ("One row per variant and length: load s and its peak GiB, weight GiB, ms per prompt (`mode`; every variant "
-     "loaded, then timed in turn, `rounds` times: the median), error of the layer-N state against the bf16 "
-     "checkpoint's (exact mode); checkpoints written under `workdir`.")
+def bench_blocks(cfg: EncoderConfig, workdir, seqs=(128, 512, 2048), device="cpu", mode="fast",
+                 iters: int = 10, warmup: int = 3, seed: int = 0, variants=tuple(VARIANTS),
+                 rounds: int = 5) -> pd.DataFrame:
+    ("One row per variant and length: load s and its peak GiB, weight GiB, ms per prompt (`mode`; "
+     "every variant loaded, then timed in turn, `rounds` times: the median), error of the layer-N "
+     "state against the bf16 checkpoint's (exact mode); checkpoints written under `workdir`.")
     dev, cuda, wd = torch.device(device), torch.device(device).type == "cuda", Path(workdir)
     t = time.perf_counter(); dirs = dict(bf16=write_checkpoint(wd / "bf16", cfg, None, seed, dev))
     write_s = dict(bf16=time.perf_counter() - t)
     t = time.perf_counter(); dirs["fp8"] = write_checkpoint(wd / "fp8", cfg, BlockFp8(), seed, dev)
     write_s["fp8"] = time.perf_counter() - t
     g = torch.Generator().manual_seed(seed)
-    ids = {s: torch.randint(0, min(cfg.text.vocab_size, cfg.image_token_id) - 8, (s,), generator=g) for s in seqs}
+    top = min(cfg.text.vocab_size, cfg.image_token_id) - 8
+    ids = {s: torch.randint(0, top, (s,), generator=g) for s in seqs}
     n = cfg.selected_layer
     ref_enc = Encoder.from_pretrained(dirs["bf16"], n, device=dev, progress=False)
     ref = {s: ref_enc.encode(i, output_device=dev) for s, i in ids.items()}
     del ref_enc; gc.collect()
     encs, rows = {}, {}
-    for v in variants:   # all loaded at once: timed in turn, none measured in a quieter minute than another
+    # all loaded at once: timed in turn, none measured in a quieter minute than another
+    for v in variants:
         ck, kw = VARIANTS[v]
         sync(cuda)
         if cuda: torch.cuda.reset_peak_memory_stats(dev); base = torch.cuda.memory_allocated(dev)
-        t = time.perf_counter()   # the load alone: fast mode's warm-up is left to the timed calls' own
+        # the load alone: fast mode's warm-up is left to the timed calls' own
+        t = time.perf_counter()
         encs[v] = enc = Encoder.from_pretrained(dirs[ck], n, device=dev, mode=mode, progress=False,
                                                 fast=FastConfig(warmup=False), **kw)
         sync(cuda)
-        load = dict(load_s=time.perf_counter() - t, write_s=write_s.get(ck), weight_gib=_weights_gib(enc),
-                    load_peak_gib=(torch.cuda.max_memory_allocated(dev) - base) / 2 ** 30 if cuda else float("nan"),
-                    disk_gib=sum(f.stat().st_size for f in dirs[ck].glob("*.safetensors")) / 2 ** 30,
-                    kernel=f"{block_kernel(dev)}+{act_quant_kernel(dev)}" if v == "fp8-blocks" else "")
+        peak = (torch.cuda.max_memory_allocated(dev) - base) / 2 ** 30 if cuda else float("nan")
+        load = dict(load_s=time.perf_counter() - t, write_s=write_s.get(ck),
+                    weight_gib=_weights_gib(enc), load_peak_gib=peak,
+                    disk_gib=sum(f.stat().st_size
+                                 for f in dirs[ck].glob("*.safetensors")) / 2 ** 30,
+                    kernel=(f"{block_kernel(dev)}+{act_quant_kernel(dev)}"
+                            if v == "fp8-blocks" else ""))
         for s, i in ids.items():
             d = diff_row(enc.encode(i, output_device=dev), ref[s])
-            rows[v, s] = dict(variant=v, seq=s, **load, ms=[], rel_l2_vs_bf16=d["rel_l2"], cosine_vs_bf16=d["cosine"],
-                              max_abs_vs_bf16=d["max_abs"])
+            rows[v, s] = dict(variant=v, seq=s, **load, ms=[], rel_l2_vs_bf16=d["rel_l2"],
+                              cosine_vs_bf16=d["cosine"], max_abs_vs_bf16=d["max_abs"])
     for _ in range(rounds):
         for (v, s), row in rows.items():
-            row["ms"].append(_ms(lambda: encs[v].encode(ids[s], output_device=dev), cuda, iters, warmup))
-    df = pd.DataFrame(rows.values()).assign(ms=lambda d: d.ms.map(lambda t: sorted(t)[len(t) // 2]))
+            call = lambda: encs[v].encode(ids[s], output_device=dev)
+            row["ms"].append(_ms(call, cuda, iters, warmup))
+    median = lambda t: sorted(t)[len(t) // 2]
+    df = pd.DataFrame(rows.values()).assign(ms=lambda d: d.ms.map(median))
     encs.clear(); del enc; free_memory(dev)   # the models freed
     base = lambda v, col: df[df.variant == v].set_index("seq")[col]
-    df["weight_vs_bf16"] = df.weight_gib / df.variant.map(lambda _: base("bf16", "weight_gib").iloc[0])
-    df["ms_vs_fp8_channel"] = df.ms / df.seq.map(base("fp8-channel", "ms")) if "fp8-channel" in variants else None
+    df["weight_vs_bf16"] = df.weight_gib / base("bf16", "weight_gib").iloc[0]
+    df["ms_vs_fp8_channel"] = (df.ms / df.seq.map(base("fp8-channel", "ms"))
+                               if "fp8-channel" in variants else None)
     return df
 
 # %% ../../nbs/analysis/03b_fp8_blocks.ipynb #6ca0dc9d
@@ -124,46 +141,58 @@ def gemm_shapes(cfg: EncoderConfig) -> dict[str, tuple[int, int]]:
     return {"qkv": (H, (t.num_attention_heads + 2 * t.num_key_value_heads) * hd),
             "o": (t.num_attention_heads * hd, H), "gate_up": (H, 2 * M), "down": (M, H)}
 
-def bench_gemms(cfg: EncoderConfig, seqs=(128, 512, 2048), device="cuda", iters: int = 20) -> pd.DataFrame:
-    ("The limit under block FP8's speed: each decoder GEMM's ms as rowwise FP8 (online FP8's, per-token x per-channel "
-     "scales) and as block FP8 (1x128 x 128x128 scales), the kernel alone (operands quantized before) and with the "
-     "activations' quantization (eager, uncompiled): `block_mm`'s (fused where it runs) and torch's ops "
-     "(`block_torch_quant_ms`); a row per length and GEMM, and their sum (`all`).")
+# %% ../../nbs/analysis/03b_fp8_blocks.ipynb #11866084
+def bench_gemms(cfg: EncoderConfig, seqs=(128, 512, 2048), device="cuda",
+                iters: int = 20) -> pd.DataFrame:
+    ("The limit under block FP8's speed: each decoder GEMM's ms as rowwise FP8 (online FP8's, "
+     "per-token x per-channel scales) and as block FP8 (1x128 x 128x128 scales), the kernel alone "
+     "(operands quantized before) and with the activations' quantization (eager, uncompiled): "
+     "`block_mm`'s (fused where it runs) and torch's ops (`block_torch_quant_ms`); a row per "
+     "length and GEMM, and their sum (`all`).")
     dev, rows = torch.device(device), []
     for (name, (K, N)), s in product(gemm_shapes(cfg).items(), seqs):
-        x, w = torch.randn(s, K, device=dev, dtype=torch.bfloat16), torch.randn(N, K, device=dev) / K ** 0.5
+        x = torch.randn(s, K, device=dev, dtype=torch.bfloat16)
+        w = torch.randn(N, K, device=dev) / K ** 0.5
         wq, ws = quantize_weight(w)
         bq, bs = quantize_blocks(w)
         xq, xs = quantize_act(x)
         aq, as_ = quantize_act_blocks(x)
-        as_ = as_.t().contiguous().t()   # laid out before, as block_scaled_mm takes it (no copy in the timing)
+        # laid out before, as block_scaled_mm takes it (no copy in the timing)
+        as_ = as_.t().contiguous().t()
         rows.append(dict(seq=s, gemm=name, K=K, N=N,
                          rowwise_kernel_ms=_ms(lambda: scaled_mm(xq, xs, wq, ws), True, iters, 3),
-                         block_kernel_ms=_ms(lambda: block_scaled_mm(aq, as_, bq, bs), True, iters, 3),
+                         block_kernel_ms=_ms(lambda: block_scaled_mm(aq, as_, bq, bs), True, iters,
+                                             3),
                          rowwise_ms=_ms(lambda: fp8_linear(x, wq, ws), True, iters, 3),
                          block_ms=_ms(lambda: block_mm(x, bq, bs), True, iters, 3),
-                         block_torch_quant_ms=_ms(lambda: block_scaled_mm(*quantize_act_blocks(x), bq, bs), True,
-                                                  iters, 3)))
+                         block_torch_quant_ms=_ms(
+                             lambda: block_scaled_mm(*quantize_act_blocks(x), bq, bs), True, iters,
+                             3)))
     df = pd.DataFrame(rows)
-    df = pd.concat([df, df.groupby("seq", as_index=False).sum(numeric_only=True).assign(gemm="all", K=0, N=0)])
-    return df.assign(kernel_ratio=df.block_kernel_ms / df.rowwise_kernel_ms, ratio=df.block_ms / df.rowwise_ms)
+    total = df.groupby("seq", as_index=False).sum(numeric_only=True).assign(gemm="all", K=0, N=0)
+    df = pd.concat([df, total])
+    return df.assign(kernel_ratio=df.block_kernel_ms / df.rowwise_kernel_ms,
+                     ratio=df.block_ms / df.rowwise_ms)
 
 # %% ../../nbs/analysis/03b_fp8_blocks.ipynb #bcae2173
 @contextlib.contextmanager
 def hf_fp8_kernel(src):
-    ("Within: transformers' fine-grained FP8 layers run the Triton kernel imported from `src`, a local copy of "
-     "kernels-community's `finegrained-fp8/torch-ext/finegrained_fp8` (for machines without the Hub); yields the "
-     "module. The copy is imported from a temporary folder, with the `_ops` module the kernel builder would write.")
+    ("Within: transformers' fine-grained FP8 layers run the Triton kernel imported from `src`, a "
+     "local copy of kernels-community's `finegrained-fp8/torch-ext/finegrained_fp8` (for machines "
+     "without the Hub); yields the module. The copy is imported from a temporary folder, with the "
+     "`_ops` module the kernel builder would write.")
     from unittest import mock
     from transformers.integrations import hub_kernels, finegrained_fp8 as tf8
     src = Path(src)
     if not (src / "__init__.py").is_file() or not (src / "matmul.py").is_file():
-        raise FileNotFoundError(f"{src}: not the finegrained_fp8 kernel source (want its __init__.py and matmul.py: "
-                                "kernels-community's finegrained-fp8/torch-ext/finegrained_fp8)")
+        raise FileNotFoundError(f"{src}: not the finegrained_fp8 kernel source (want its "
+                                "__init__.py and matmul.py: kernels-community's "
+                                "finegrained-fp8/torch-ext/finegrained_fp8)")
     with tempfile.TemporaryDirectory() as tmp:
         pkg = Path(tmp) / "finegrained_fp8"
         shutil.copytree(src, pkg)
-        if not (pkg / "_ops.py").exists():   # what kernel-builder generates: the ops' namespace
+        # what kernel-builder generates: the ops' namespace
+        if not (pkg / "_ops.py").exists():
             (pkg / "_ops.py").write_text("import torch\nops = torch.ops._finegrained_fp8_local\n"
                                          "def add_op_namespace_prefix(name):\n"
                                          "    return f'_finegrained_fp8_local::{name}'\n")
@@ -177,17 +206,21 @@ def hf_fp8_kernel(src):
                   mock.patch.object(tf8, "_FINEGRAINED_FP8", None)):
                 yield mod
 
-def oracle_layers(cfg: EncoderConfig, workdir, kernel_src=None, tokens: int = 256, device="cuda", seed: int = 0
-                  ) -> pd.DataFrame:
-    ("Ours (exact mode) against transformers on one block-FP8 checkpoint of `cfg` (written under `workdir` with its "
-     "bf16 original), each decoder layer's state for a prompt of `tokens` text tokens and an image; transformers' FP8 "
-     "kernel from `kernel_src` (`hf_fp8_kernel`; None: as transformers finds it, dequantized on the CPU). With each "
-     "one's error against transformers on the bf16 checkpoint.")
+# %% ../../nbs/analysis/03b_fp8_blocks.ipynb #dbe65af1
+def oracle_layers(cfg: EncoderConfig, workdir, kernel_src=None, tokens: int = 256, device="cuda",
+                  seed: int = 0) -> pd.DataFrame:
+    ("Ours (exact mode) against transformers on one block-FP8 checkpoint of `cfg` (written under "
+     "`workdir` with its bf16 original), each decoder layer's state for a prompt of `tokens` text "
+     "tokens and an image; transformers' FP8 kernel from `kernel_src` (`hf_fp8_kernel`; None: as "
+     "transformers finds it, dequantized on the CPU). With each one's error against transformers "
+     "on the bf16 checkpoint.")
     dev, wd = torch.device(device), Path(workdir)
-    # the vision tower and lm_head kept bf16: transformers makes every other linear an FP8 layer as it loads, also
-    # those its quantizer leaves bf16 (the 32B vision MLP's 4304 columns are not whole blocks): NaN where it reads them
+    # the vision tower and lm_head kept bf16: transformers makes every other linear an FP8 layer as
+    # it loads, also those its quantizer leaves bf16 (the 32B vision MLP's 4304 columns are not
+    # whole blocks): NaN where it reads them
     fmt = BlockFp8(not_converted=("lm_head", "model.visual"))
-    dirs = {k: write_checkpoint(wd / k, cfg, f, seed, dev) for k, f in (("bf16", None), ("fp8", fmt))}
+    dirs = {k: write_checkpoint(wd / k, cfg, f, seed, dev)
+            for k, f in (("bf16", None), ("fp8", fmt))}
     x = synthetic_inputs(cfg, images=((1, 16, 16),), videos=(), text_len=tokens, seed=seed)
     n = cfg.selected_layer
     enc = Encoder.from_pretrained(dirs["fp8"], n, device=dev, progress=False)
@@ -200,40 +233,56 @@ def oracle_layers(cfg: EncoderConfig, workdir, kernel_src=None, tokens: int = 25
     rows = []
     for i, (o, t, r) in enumerate(zip(ours, theirs, ref, strict=True)):
         d, do, dt = diff_row(o, t), diff_row(o, r), diff_row(t, r)
-        rows.append(dict(layer=i, rel_l2_vs_transformers=d["rel_l2"], max_abs_vs_transformers=d["max_abs"],
-                         bitwise=torch.equal(o, t), ours_vs_bf16=do["rel_l2"], transformers_vs_bf16=dt["rel_l2"],
+        rows.append(dict(layer=i, rel_l2_vs_transformers=d["rel_l2"],
+                         max_abs_vs_transformers=d["max_abs"], bitwise=torch.equal(o, t),
+                         ours_vs_bf16=do["rel_l2"], transformers_vs_bf16=dt["rel_l2"],
                          tokens=len(x["input_ids"]), kernel=kernel,
-                         transformers_kernel="finegrained-fp8 (Triton)" if kernel_src else "as found"))
+                         transformers_kernel=("finegrained-fp8 (Triton)" if kernel_src
+                                              else "as found")))
     return pd.DataFrame(rows)
 
 # %% ../../nbs/analysis/03b_fp8_blocks.ipynb #ce242a43
 def command(argv=None) -> int:
-    "`python -m qwen3vl_l50_nbdev.analysis fp8-blocks [--full] [--gemms | --oracle]`: one measurement, one CSV."
+    ("`python -m qwen3vl_l50_nbdev.analysis fp8-blocks [--full] [--gemms | --oracle]`: one "
+     "measurement, one CSV.")
     p = argparse.ArgumentParser(prog="python -m qwen3vl_l50_nbdev.analysis fp8-blocks")
-    p.add_argument("--full", action="store_true", help="Qwen3-VL-32B dimensions on CUDA (default: block_tiny on CPU)")
+    p.add_argument("--full", action="store_true",
+                   help="Qwen3-VL-32B dimensions on CUDA (default: block_tiny on CPU)")
     p.add_argument("--layers", type=int, default=10)
     p.add_argument("--seqs", default="128,512,2048")
     p.add_argument("--variants", default=",".join(VARIANTS))
     p.add_argument("--iters", type=int, default=10)
-    p.add_argument("--mode", default="fast", choices=MODES, help="the encoders' mode (the error is exact mode's)")
-    p.add_argument("--gemms", action="store_true", help="only each GEMM alone, rowwise and block FP8 (CUDA)")
-    p.add_argument("--oracle", action="store_true", help="only oracle_layers: ours against transformers, per layer")
+    p.add_argument("--mode", default="fast", choices=MODES,
+                   help="the encoders' mode (the error is exact mode's)")
+    p.add_argument("--gemms", action="store_true",
+                   help="only each GEMM alone, rowwise and block FP8 (CUDA)")
+    p.add_argument("--oracle", action="store_true",
+                   help="only oracle_layers: ours against transformers, per layer")
     p.add_argument("--hf-kernel", default=None, metavar="DIR",
-                   help="with --oracle: transformers' FP8 kernel from this local source (hf_fp8_kernel)")
-    p.add_argument("--workdir", default="/tmp/fp8_blocks", help="where the two checkpoints are written")
+                   help="with --oracle: transformers' FP8 kernel from this local source "
+                   "(hf_fp8_kernel)")
+    p.add_argument("--workdir", default="/tmp/fp8_blocks",
+                   help="where the two checkpoints are written")
     p.add_argument("--out", default=None,
-                   help="the CSV (default: nbs/analysis/data/fp8_blocks[_gemms|_exact]_<h200|cpu>.csv)")
-    p.add_argument("--commit", default=None, help="commit to record (default: the package's own, git_commit)")
+                   help="the CSV (default: "
+                   "nbs/analysis/data/fp8_blocks[_gemms|_exact]_<h200|cpu>.csv)")
+    p.add_argument("--commit", default=None,
+                   help="commit to record (default: the package's own, git_commit)")
     a = p.parse_args(argv)
     dev, seqs = "cuda" if a.full else "cpu", [int(s) for s in a.seqs.split(",")]
-    if a.gemms and not a.full: raise SystemExit("--gemms needs --full (CUDA: the CPU has no block-scaled GEMM)")
-    cfg = qwen3vl_32b(a.layers) if a.full else block_tiny(a.layers, text=dict(num_hidden_layers=a.layers))
-    meta = provenance(dev, a.commit) | dict(config="qwen3vl_32b" if a.full else "block_tiny", layers=a.layers)
+    if a.gemms and not a.full:
+        raise SystemExit("--gemms needs --full (CUDA: the CPU has no block-scaled GEMM)")
+    cfg = (qwen3vl_32b(a.layers) if a.full
+           else block_tiny(a.layers, text=dict(num_hidden_layers=a.layers)))
+    meta = provenance(dev, a.commit) | dict(config="qwen3vl_32b" if a.full else "block_tiny",
+                                            layers=a.layers)
     meta |= {} if a.gemms or a.oracle else dict(mode=a.mode)
     kind = "_gemms" if a.gemms else "_oracle" if a.oracle else "_exact" if a.mode == "exact" else ""
     name = f"fp8_blocks{kind}_{'h200' if a.full else 'cpu'}.csv"
     df = (bench_gemms(cfg, seqs, dev, a.iters) if a.gemms
           else oracle_layers(cfg, a.workdir, a.hf_kernel, seqs[0], dev) if a.oracle
-          else bench_blocks(cfg, a.workdir, seqs, dev, a.mode, a.iters, variants=a.variants.split(",")))
-    write_csv(df, a.out or data_dir() / name, meta, "%.6g", df.drop(columns=["kernel"], errors="ignore").to_string())
+          else bench_blocks(cfg, a.workdir, seqs, dev, a.mode, a.iters,
+                            variants=a.variants.split(",")))
+    write_csv(df, a.out or data_dir() / name, meta, "%.6g",
+              df.drop(columns=["kernel"], errors="ignore").to_string())
     return 0

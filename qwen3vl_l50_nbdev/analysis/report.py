@@ -14,12 +14,15 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import torch
-from ..provenance import PROVENANCE, provenance   # the harness's CSVs carry the core's provenance
-from .sweep import SMALL_RUNS, small_setup, small_rows, references, projection_rows
+# the harness's CSVs carry the core's provenance
+from ..provenance import PROVENANCE, provenance
+from .sweep import (SMALL_RUNS, small_setup, small_rows, references,
+                                               projection_rows)
 
 # %% ../../nbs/analysis/00b_report.ipynb #eeaff07a
 def write_csv(df: pd.DataFrame, out, meta: dict, float_format: str = "%.6g", shown=None) -> Path:
-    "`df` with the provenance `meta` on every row as CSV `out` (its folder made); prints the path, then `shown`."
+    ("`df` with the provenance `meta` on every row as CSV `out` (its folder made); prints the "
+     "path, then `shown`.")
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     df.assign(**meta).to_csv(out, index=False, float_format=float_format)
@@ -28,20 +31,24 @@ def write_csv(df: pd.DataFrame, out, meta: dict, float_format: str = "%.6g", sho
 
 # %% ../../nbs/analysis/00b_report.ipynb #ba8438b4
 def data_dir(start=None) -> Path:
-    "`nbs/analysis/data` of the repository around `start` (default: the working directory), found by its settings.ini."
+    ("`nbs/analysis/data` of the repository around `start` (default: the working directory), "
+     "found by its settings.ini.")
     p = Path(start or Path.cwd()).resolve()
     for d in (p, *p.parents):
         if (d / "settings.ini").exists(): return d / "nbs" / "analysis" / "data"
     raise FileNotFoundError(f"no settings.ini in {p} or above: run from inside the repository")
 
-SWEEP_COLUMNS = {"layer", "prompt", "tp", "reduce", "quant", "massive", "kind", "ref", "max_abs", "rel_l2", "cosine",
-                 *PROVENANCE}
+# %% ../../nbs/analysis/00b_report.ipynb #8b05ac4a
+SWEEP_COLUMNS = {"layer", "prompt", "tp", "reduce", "quant", "massive", "kind", "ref", "max_abs",
+                 "rel_l2", "cosine", *PROVENANCE}
 
 def load_runs(path=None) -> tuple[pd.DataFrame, pd.DataFrame]:
-    ("Every sweep CSV in `path` (default `data_dir()`): (all rows, with `file`; one provenance row per file); "
-     "empty if none.")
-    frames = [f for f in (pd.read_csv(p).assign(file=p.name) for p in sorted(Path(path or data_dir()).glob("*.csv")))
-              if SWEEP_COLUMNS <= set(f.columns)]    # other CSVs there (e.g. FP8 benchmarks) are not sweeps
+    ("Every sweep CSV in `path` (default `data_dir()`): (all rows, with `file`; one provenance "
+     "row per file); empty if none.")
+    files = sorted(Path(path or data_dir()).glob("*.csv"))
+    # other CSVs there (e.g. FP8 benchmarks) are not sweeps
+    frames = [f for f in (pd.read_csv(p).assign(file=p.name) for p in files)
+              if SWEEP_COLUMNS <= set(f.columns)]
     if not frames: return (pd.DataFrame(columns=sorted(SWEEP_COLUMNS | {"file"})),
                            pd.DataFrame(columns=PROVENANCE).rename_axis("file"))
     df = pd.concat(frames, ignore_index=True)
@@ -53,109 +60,141 @@ SAME_RTOL = 1e-6     # the same machine: the same bits, up to the CSV's 9 digits
 
 @dataclass(frozen=True)
 class Tol:
-    "How far another machine may move a column, as factors − 1: a variant's geometric mean, and any one row."
-    pooled: float              # |mean of log(live / stored)| over a variant's rows ≤ log(1 + pooled)
+    ("How far another machine may move a column, as factors − 1: a variant's geometric mean, and "
+     "any one row.")
+    pooled: float              # |mean of log(live / stored)| over a variant's rows ≤ log(1+pooled)
     row: float                 # |log(live / stored)| of each row ≤ log(1 + row)
     one_minus: bool = False    # compare 1 − x (a cosine near 1)
 
-# Seen between the CSVs' first writer (a 2-core AMD EPYC) and an AMD family-26 EPYC under its native, avx2 and
-# default kernels and 1 thread, 2026-12-01:
-# pooled rel_l2 moved ≤ 2.4 %, a row ≤ 19 %; an ignored bf16 reduce moves TP 8's pooled rel_l2 by 8.7–11 %
+# %% ../../nbs/analysis/00b_report.ipynb #dd73b8cd
+# Seen between the CSVs' first writer (a 2-core AMD EPYC) and an AMD family-26 EPYC under its
+# native, avx2 and default kernels and 1 thread, 2026-12-01: pooled rel_l2 moved ≤ 2.4 %, a row
+# ≤ 19 %; an ignored bf16 reduce moves TP 8's pooled rel_l2 by 8.7–11 %
 TOLERANCES = {
-    "rel_l2":       Tol(0.05, 0.5),                    # ≤ 2.4 % pooled seen; 5 % still fails an ignored reduce
-    "rel_l2_rest":  Tol(0.05, 0.5),                    # the same error on the channels without the massive ones
-    "cosine":       Tol(0.10, 1.0, one_minus=True),    # 1 − cosine ≈ rel_l2²/2: twice rel_l2's drift
-    "max_abs":      Tol(0.25, 4.0),                    # the largest of ~10⁵ errors: ≤ 11 % pooled, a row up to 3.1x
-    "peak_ratio":   Tol(1e-3, 1e-2),                   # a property of the fp32 reference's state (≤ 3·10⁻⁴ seen)
-    "local x_bf16": Tol(0.02, 0.02),                   # a ratio of means over 12 layers x 3 prompts: ≤ 0.2 % seen
+    # ≤ 2.4 % pooled seen; 5 % still fails an ignored reduce
+    "rel_l2":       Tol(0.05, 0.5),
+    # the same error on the channels without the massive ones
+    "rel_l2_rest":  Tol(0.05, 0.5),
+    # 1 − cosine ≈ rel_l2²/2: twice rel_l2's drift
+    "cosine":       Tol(0.10, 1.0, one_minus=True),
+    # the largest of ~10⁵ errors: ≤ 11 % pooled, a row up to 3.1x
+    "max_abs":      Tol(0.25, 4.0),
+    # a property of the fp32 reference's state (≤ 3·10⁻⁴ seen)
+    "peak_ratio":   Tol(1e-3, 1e-2),
+    # a ratio of means over 12 layers x 3 prompts: ≤ 0.2 % seen
+    "local x_bf16": Tol(0.02, 0.02),
 }
-# the fp32 reference against fp64: ≤ 1.1e-6 rel L2 and 3.4e-4 max |diff| seen; bf16's smallest: 2.4e-3 and 0.03
+# the fp32 reference against fp64: ≤ 1.1e-6 rel L2 and 3.4e-4 max |diff| seen; bf16's smallest:
+# 2.4e-3 and 0.03
 FLOOR = {"rel_l2": 1e-5, "rel_l2_rest": 1e-5, "max_abs": 3e-3, "cosine": 1e-8}
 SAMPLES = ("prompt", "massive", "layer")   # what a variant is measured over
 
+# %% ../../nbs/analysis/00b_report.ipynb #ede527fe
 def _log_ratio(a: pd.Series, b: pd.Series, one_minus: bool) -> pd.Series:
     if one_minus: a, b = 1 - a, 1 - b
     with np.errstate(divide="ignore", invalid="ignore"): r = np.log(a / b)
     return r.where(a != b, 0.0)    # equal (zeros too) is no change; a NaN stays NaN and fails
 
+# %% ../../nbs/analysis/00b_report.ipynb #522d5f3b
+def _name(key, cols) -> str:
+    return " ".join(f"{k}={v}" for k, v in zip(cols, key if isinstance(key, tuple) else (key,)))
+
+def _verdict(rep: pd.DataFrame, bad: list) -> pd.DataFrame:
+    if bad:
+        more = f"\n  ... {len(bad) - 12} more" if len(bad) > 12 else ""
+        raise AssertionError("the live run is not the stored one within what the machine may "
+                             "change:\n  " + "\n  ".join(bad[:12]) + more)
+    return rep
+
+# %% ../../nbs/analysis/00b_report.ipynb #0db835e3
 def check_run(live: pd.DataFrame, stored: pd.DataFrame, exact: bool) -> pd.DataFrame:
-    ("How far `live` is from `stored` per column (`worst` against `limit`): the same bits if `exact`, else "
-     "`TOLERANCES` and `FLOOR`; raises an `AssertionError` naming each column, variant or row past its limit.")
+    ("How far `live` is from `stored` per column (`worst` against `limit`): the same bits if "
+     "`exact`, else `TOLERANCES` and `FLOOR`; raises an `AssertionError` naming each column, "
+     "variant or row past its limit.")
     nums = [c for c in live.columns if pd.api.types.is_float_dtype(live[c])]
     labels = [c for c in live.columns if c not in nums]
     if missing := set(live.columns) - set(stored.columns):
-        raise ValueError(f"the stored run lacks the columns {sorted(missing)}: rewrite it ({WRITE_ENV}=1)")
+        raise ValueError(f"the stored run lacks the columns {sorted(missing)}: "
+                         f"rewrite it ({WRITE_ENV}=1)")
     if unknown := [c for c in nums if not exact and c not in TOLERANCES]:
-        raise KeyError(f"no tolerance for the columns {unknown}: say in TOLERANCES what another machine may change")
-    a, b = (d[labels + nums].astype({c: str for c in labels}).sort_values(labels).reset_index(drop=True)
-            for d in (live, stored))
+        raise KeyError(f"no tolerance for the columns {unknown}: "
+                       "say in TOLERANCES what another machine may change")
+    a, b = (d[labels + nums].astype({c: str for c in labels}).sort_values(labels)
+            .reset_index(drop=True) for d in (live, stored))
     if not a[labels].equals(b[labels]):
         raise ValueError(f"the live run has other rows than the stored one ({len(a)} vs {len(b)}): "
                          f"rewrite it ({WRITE_ENV}=1)")
     if exact:
         dev = ((a[nums] - b[nums]).abs() / b[nums].abs().clip(lower=1e-30)).max()
-        rep = pd.DataFrame(dict(column=nums, rows="all (same bits)", n=len(a), worst=dev.values, limit=SAME_RTOL))
+        rep = pd.DataFrame(dict(column=nums, rows="all (same bits)", n=len(a), worst=dev.values,
+                                limit=SAME_RTOL))
         return _verdict(rep, [f"{c}: {d:.3g} > {SAME_RTOL:g} (the same machine: the same bits)"
                               for c, d in dev.items() if not d <= SAME_RTOL])
     floor = b["rel_l2"] < FLOOR["rel_l2"] if "rel_l2" in b else pd.Series(False, index=b.index)
     variant = [c for c in labels if c not in SAMPLES]
     rep, bad = [], []
     for c in nums:
-        t, at = TOLERANCES[c], ~floor if c in FLOOR else pd.Series(True, index=a.index)   # the floor: own bound
+        # the floor: own bound
+        t, at = TOLERANCES[c], ~floor if c in FLOOR else pd.Series(True, index=a.index)
         if c in FLOOR and floor.any():
             low = (1 - a.loc[floor, c] if t.one_minus else a.loc[floor, c]).max()
-            rep.append(dict(column=c, rows="noise floor (absolute)", n=int(floor.sum()), worst=low, limit=FLOOR[c]))
-            if not low <= FLOOR[c]: bad.append(f"{c} of a noise-floor row: {low:.3g} > {FLOOR[c]:g} (reference off)")
+            rep.append(dict(column=c, rows="noise floor (absolute)", n=int(floor.sum()), worst=low,
+                            limit=FLOOR[c]))
+            if not low <= FLOOR[c]:
+                bad.append(f"{c} of a noise-floor row: {low:.3g} > {FLOOR[c]:g} (reference off)")
         lr = _log_ratio(a.loc[at, c], b.loc[at, c], t.one_minus)
         pooled = lr.groupby([a.loc[at, k] for k in variant]).mean() if variant else lr
-        rep += [dict(column=c, rows="variant (pooled)", n=len(pooled), worst=np.expm1(pooled.abs().max()),
-                     limit=t.pooled),
+        rep += [dict(column=c, rows="variant (pooled)", n=len(pooled),
+                     worst=np.expm1(pooled.abs().max()), limit=t.pooled),
                 dict(column=c, rows="row", n=len(lr), worst=np.expm1(lr.abs().max()), limit=t.row)]
         over = pooled[~(pooled.abs() <= np.log1p(t.pooled))]
-        bad += [f"{c} of {_name(k, variant)}: x{np.exp(x):.3f} (pooled; another machine: within ±{t.pooled:.0%})"
-                for k, x in over.items()]
-        bad += [f"{c} of {_name(tuple(a.loc[i, labels]), labels)}: x{np.exp(lr[i]):.3f} (one row; within ±{t.row:.0%})"
+        bad += [f"{c} of {_name(k, variant)}: x{np.exp(x):.3f} "
+                f"(pooled; another machine: within ±{t.pooled:.0%})" for k, x in over.items()]
+        bad += [f"{c} of {_name(tuple(a.loc[i, labels]), labels)}: x{np.exp(lr[i]):.3f} "
+                f"(one row; within ±{t.row:.0%})"
                 for i in lr.index[~(lr.abs() <= np.log1p(t.row))][:3]]
     return _verdict(pd.DataFrame(rep), bad)
 
-def _name(key, cols) -> str:
-    return " ".join(f"{k}={v}" for k, v in zip(cols, key if isinstance(key, tuple) else (key,)))
-
-def _verdict(rep: pd.DataFrame, bad: list) -> pd.DataFrame:
-    if bad: raise AssertionError("the live run is not the stored one within what the machine may change:\n  "
-                                 + "\n  ".join(bad[:12]) + (f"\n  ... {len(bad) - 12} more" if len(bad) > 12 else ""))
-    return rep
-
-def keep_run(df: pd.DataFrame, name: str, meta: dict, path=None, exact: bool | None = None) -> pd.DataFrame:
-    ("The stored rows of CSV `name`, after `check_run` of the live rows `df` against them (`exact`: default, the same "
-     "bits where the stored `machine` is this one); `QWEN3VL_L50_WRITE_DATA=1`: write `df` + `meta` instead.")
+# %% ../../nbs/analysis/00b_report.ipynb #59b9a79a
+def keep_run(df: pd.DataFrame, name: str, meta: dict, path=None,
+             exact: bool | None = None) -> pd.DataFrame:
+    ("The stored rows of CSV `name`, after `check_run` of the live rows `df` against them "
+     "(`exact`: default, the same bits where the stored `machine` is this one); "
+     "`QWEN3VL_L50_WRITE_DATA=1`: write `df` + `meta` instead.")
     f = Path(path or data_dir()) / name
     if os.environ.get(WRITE_ENV, "") not in ("", "0"):
         write_csv(df, f, meta, "%.9g", f"({WRITE_ENV} is set)")
         return pd.read_csv(f)
-    if not f.exists(): raise FileNotFoundError(f"{f} is not there: run with {WRITE_ENV}=1 to write it")
+    if not f.exists():
+        raise FileNotFoundError(f"{f} is not there: run with {WRITE_ENV}=1 to write it")
     stored = pd.read_csv(f)
     if exact is None:   # a CSV written before fingerprints has no `machine`: another machine
-        exact = len(stored) > 0 and "machine" in stored and stored["machine"].iloc[0] == meta.get("machine")
+        exact = (len(stored) > 0 and "machine" in stored
+                 and stored["machine"].iloc[0] == meta.get("machine"))
     try: rep = check_run(df, stored, exact)
     except (AssertionError, ValueError) as e: raise type(e)(f"{f.name}: {e}") from None
     worst = rep.assign(share=rep.worst / rep.limit).sort_values("share").iloc[-1]
-    print(f"the live run reproduces {f.name} ({len(stored)} rows), "
-          + ("the same bits: the same machine" if exact else "within what another machine may change")
-          + f"; closest to its limit: {worst.column}, {worst.rows}, {worst.worst:.3g} of {worst.limit:g}")
+    how = "the same bits: the same machine" if exact else "within what another machine may change"
+    print(f"the live run reproduces {f.name} ({len(stored)} rows), {how}; closest to its limit: "
+          f"{worst.column}, {worst.rows}, {worst.worst:.3g} of {worst.limit:g}")
     return stored
 
 # %% ../../nbs/analysis/00b_report.ipynb #f4a5049e
 PROJECTIONS = "small_fp8_projections.csv"   # 03_fp8: which projection FP8's error comes from
 
 def stored_meta(cfg, prompts: dict, massive, command: str) -> dict:
-    "What a stored CPU run's CSV carries besides its rows: `provenance`, config, layers, tokens, massive activations."
+    ("What a stored CPU run's CSV carries besides its rows: `provenance`, config, layers, tokens, "
+     "massive activations.")
+    seq = str({k: len(v["input_ids"]) for k, v in prompts.items()})
     return provenance(command=command) | dict(
-        config="small_config", layers=cfg.selected_layer, seq=str({k: len(v["input_ids"]) for k, v in prompts.items()}),
+        config="small_config", layers=cfg.selected_layer, seq=seq,
         massive_channels=str(massive.channels), massive_scale=massive.scale)
 
-def stored_runs(command: str = f"{WRITE_ENV}=1 python -m qwen3vl_l50_nbdev.analysis --stored") -> dict:
-    "Every stored CPU run computed live in one go, each through `keep_run` (checked, or written): `{CSV: stored rows}`."
+# %% ../../nbs/analysis/00b_report.ipynb #73a9257c
+def stored_runs(command: str = f"{WRITE_ENV}=1 python -m qwen3vl_l50_nbdev.analysis --stored"
+                ) -> dict:
+    ("Every stored CPU run computed live in one go, each through `keep_run` (checked, or written): "
+     "`{CSV: stored rows}`.")
     cfg, prompts, spec = small_setup()
     refs = references(cfg, prompts, spec, dtypes=(torch.float32, torch.float64))
     live = small_rows(cfg, prompts, refs, spec, SMALL_RUNS) | {
@@ -173,26 +212,34 @@ def _keys(d: pd.DataFrame) -> list:
 
 def _at(d: pd.DataFrame, cols, at: str) -> pd.DataFrame:
     keys = _keys(d)
-    return d[d["layer"] == d["layer"].max()].set_index(keys)[cols] if at == "last" else d.groupby(keys)[cols].mean()
+    if at == "last": return d[d["layer"] == d["layer"].max()].set_index(keys)[cols]
+    return d.groupby(keys)[cols].mean()
 
+# %% ../../nbs/analysis/00b_report.ipynb #3888c06b
 def x_bf16(df: pd.DataFrame, kind: str = "accumulated", ref: str = "float32", at: str = "last",
            metric: str = "rel_l2") -> pd.Series:
-    ("`metric` of every variant over TP-1 bf16's (same file, massive, prompt), at the last layer (`at='last'`) "
-     "or averaged over the layers (`'mean'`).")
+    ("`metric` of every variant over TP-1 bf16's (same file, massive, prompt), at the last layer "
+     "(`at='last'`) or averaged over the layers (`'mean'`).")
     d = _at(_pick(df, kind, ref), [metric], at)[metric]
-    base = d.xs((1, "none", "none"), level=["tp", "reduce", "quant"])   # each file has its own TP-1 run
-    return (d / base.reindex(d.index.droplevel(["tp", "reduce", "quant"])).values).rename("x_bf16").sort_index()
+    # each file has its own TP-1 run
+    base = d.xs((1, "none", "none"), level=["tp", "reduce", "quant"])
+    base = base.reindex(d.index.droplevel(["tp", "reduce", "quant"])).values
+    return (d / base).rename("x_bf16").sort_index()
 
-def error_table(df: pd.DataFrame, kind: str = "accumulated", ref: str = "float32", at: str = "last") -> pd.DataFrame:
+# %% ../../nbs/analysis/00b_report.ipynb #613749e3
+def error_table(df: pd.DataFrame, kind: str = "accumulated", ref: str = "float32",
+                at: str = "last") -> pd.DataFrame:
     ("Errors per variant at the last layer (`at='last'`) or averaged over the layers (`'mean'`); "
      "`x_bf16`: rel L2 / TP-1 bf16's.")
     d = _at(_pick(df, kind, ref), ["max_abs", "rel_l2", "rel_l2_rest", "cosine"], at)
     return d.sort_index().assign(x_bf16=x_bf16(df, kind, ref, at))
 
-def growth_plot(df: pd.DataFrame, kind: str = "accumulated", metric: str = "rel_l2", ref: str = "float32",
-                title: str = "", logy: bool | None = None):
-    """`metric` per layer: a line per variant (tp, reduce, quant), TP-1 bf16 dashed, a panel per (massive, prompt), one
-    legend under the panels. 10 in wide at 100 dpi (the notebooks store 2x PNGs), text 9.5 pt or more."""
+# %% ../../nbs/analysis/00b_report.ipynb #02175a01
+def growth_plot(df: pd.DataFrame, kind: str = "accumulated", metric: str = "rel_l2",
+                ref: str = "float32", title: str = "", logy: bool | None = None):
+    ("`metric` per layer: a line per variant (tp, reduce, quant), TP-1 bf16 dashed, a panel per "
+     "(massive, prompt), one legend under the panels. 10 in wide at 100 dpi (the notebooks store "
+     "2x PNGs), text 9.5 pt or more.")
     import matplotlib.pyplot as plt
     from matplotlib.ticker import MaxNLocator
     d = _pick(df, kind, ref)
@@ -203,25 +250,29 @@ def growth_plot(df: pd.DataFrame, kind: str = "accumulated", metric: str = "rel_
     ncol = min(nlab, 4); lrows = -(-nlab // ncol)
     height = 2.6 * len(rows) + 0.6 + 0.22 * lrows          # panels, the title, the legend's rows
     with plt.rc_context({"font.size": 10, "axes.titlesize": 10, "legend.fontsize": 9.5}):
-        fig, axes = plt.subplots(len(rows), len(cols), figsize=(10, height), sharex=True, sharey=True,
-                                 squeeze=False, dpi=100)
+        fig, axes = plt.subplots(len(rows), len(cols), figsize=(10, height), sharex=True,
+                                 sharey=True, squeeze=False, dpi=100)
         for i, m in enumerate(rows):
             for j, p in enumerate(cols):
                 ax = axes[i][j]
                 for key, g in d[(d["massive"] == m) & (d["prompt"] == p)].groupby(keys, sort=False):
-                    label = " ".join(f"{k}={v}" for k, v in zip(keys, key if isinstance(key, tuple) else (key,)))
+                    label = _name(key, keys)
                     base = g["tp"].iloc[0] == 1 and g["quant"].iloc[0] == "none"
-                    ax.plot(g["layer"], g[metric], "k--" if base else "-", lw=2 if base else 1.4, label=label,
-                            marker="." if d["layer"].nunique() <= 16 else None, ms=4)   # 50 dots: a thick line
-                ax.grid(alpha=0.3, which="both"); ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+                    # 50 dots: a thick line
+                    ax.plot(g["layer"], g[metric], "k--" if base else "-", lw=2 if base else 1.4,
+                            label=label, marker="." if d["layer"].nunique() <= 16 else None, ms=4)
+                ax.grid(alpha=0.3, which="both")
+                ax.xaxis.set_major_locator(MaxNLocator(integer=True))
                 ax.set_title(f"{p}, {'with' if m else 'no'} massive act.")
                 if j == 0: ax.set_ylabel(f"{kind} {metric.replace('_', ' ')}")
                 if i == len(rows) - 1: ax.set_xlabel("decoder layer")
-        if logy if logy is not None else d[metric].max() > 30 * d[metric].min(): axes[0][0].set_yscale("log")
+        if logy if logy is not None else d[metric].max() > 30 * d[metric].min():
+            axes[0][0].set_yscale("log")
         else: axes[0][0].set_ylim(bottom=0)
         handles, labels = axes[0][-1].get_legend_handles_labels()
         fig.legend(handles, labels, loc="lower center", ncol=ncol, frameon=False, handlelength=2.5)
-        fig.suptitle(title or f"{kind} {metric} of the bf16 encoder vs the {ref} reference", fontsize=12)
+        fig.suptitle(title or f"{kind} {metric} of the bf16 encoder vs the {ref} reference",
+                     fontsize=12)
         fig.tight_layout(rect=(0, (0.08 + 0.22 * lrows) / height, 1, 1))
     return fig
 
@@ -232,6 +283,7 @@ def span(values, fmt: str = "{:.2f}", sep: str = "–") -> str:
     lo, hi = fmt.format(v.min()), fmt.format(v.max())
     return lo if lo == hi else f"{lo}{sep}{hi}"
 
+# %% ../../nbs/analysis/00b_report.ipynb #1d35372f
 def sci(x: float, digits: int = 1) -> str:
     "`x` as 'm·10ⁿ' (for Markdown)."
     m, e = f"{x:.{digits}e}".split("e")

@@ -21,66 +21,79 @@ from ..fp8 import quantize_model_
 from ..fast import apply_fast, warmup
 from ..tiny import synthetic_inputs
 from ..hf import hf_forward
-from .timing import wall_ms, first_call, free_memory, cuda_ms, graph_us
+from .timing import (wall_ms, first_call, free_memory, cuda_ms,
+                                                graph_us)
 from .report import provenance, data_dir, write_csv
 from .cases import (build_pair, fp32_hf, fast_twin,
                                              variant_call, text_case)
 from .tp_profile import hf_profile, HF_VARIANTS
 
-
 # %% ../../nbs/analysis/04a_speed_bench.ipynb #1c3b5af8
 def decoder_flops(cfg, n: int) -> float:
-    "FLOPs of the text decoder for `n` tokens: the GEMMs, and causal attention (QK and PV over the lower triangle)."
+    ("FLOPs of the text decoder for `n` tokens: the GEMMs, and causal attention (QK and PV over "
+     "the lower triangle).")
     t, L = cfg.text, cfg.selected_layer
     qkvo = t.hidden_size * t.head_dim * (2 * t.num_attention_heads + 2 * t.num_key_value_heads)
     gemm = 2 * n * (qkvo + 3 * t.hidden_size * t.intermediate_size)
     attn = 2 * 2 * t.num_attention_heads * t.head_dim * n * (n + 1) / 2
     return L * (gemm + attn)
 
+# %% ../../nbs/analysis/04a_speed_bench.ipynb #4fc1e8c1
 def gemm_peak(device, n=8192, iters=10) -> float:
     "bf16 GEMM TFLOP/s of an n x n x n matmul on `device`, measured now."
     a, b = (torch.randn(n, n, device=device, dtype=torch.bfloat16) for _ in range(2))
     return 2 * n ** 3 / cuda_ms(lambda: a @ b, iters, warmup=3) / 1e9
 
+# %% ../../nbs/analysis/04a_speed_bench.ipynb #c841a156
 def hbm_bandwidth(device, gib=4, iters=10) -> float:
     "Device memory GB/s of a `gib` GiB copy on `device` (bytes read + written), measured now."
     a = torch.empty(gib * 2**30, dtype=torch.uint8, device=device); b = torch.empty_like(a)
     return 2 * a.numel() / cuda_ms(lambda: b.copy_(a), iters, warmup=2) / 1e6
 
+# %% ../../nbs/analysis/04a_speed_bench.ipynb #48397fce
 def floor_ms(cfg, n: int, weight_bytes: float, tflops: float, gbps: float) -> float:
-    ("The least time the decoder can take for `n` tokens: its FLOPs at the GEMM peak, or its weights read once at the "
-     "memory bandwidth, whichever is longer.")
+    ("The least time the decoder can take for `n` tokens: its FLOPs at the GEMM peak, or its "
+     "weights read once at the memory bandwidth, whichever is longer.")
     return max(decoder_flops(cfg, n) / tflops / 1e9, weight_bytes / gbps / 1e6)
 
 # %% ../../nbs/analysis/04a_speed_bench.ipynb #3230795d
-LENGTHS = (16, 33, 64, 100, 128, 160, 200, 256, 300, 384, 500, 512, 640, 777, 1000, 1025, 1500, 2048, 2500, 3000, 4096)
-PICTURES = ((16, 16), (20, 36), (24, 32), (32, 32), (48, 40), (64, 64))   # image grids in patches (h, w)
-REFS = ("text 128", "text 300", "text 2048", "image 48x40")               # full size: the cases with an fp32 reference
+LENGTHS = (16, 33, 64, 100, 128, 160, 200, 256, 300, 384, 500, 512, 640, 777, 1000, 1025, 1500,
+           2048, 2500, 3000, 4096)
+# image grids in patches (h, w)
+PICTURES = ((16, 16), (20, 36), (24, 32), (32, 32), (48, 40), (64, 64))
+# full size: the cases with an fp32 reference
+REFS = ("text 128", "text 300", "text 2048", "image 48x40")
 
 def cases(cfg, full: bool) -> dict:
-    ("The benchmark's prompts by name: text of `LENGTHS` tokens, an image of each of `PICTURES`, a video (`full`), "
-     "or three small ones.")
+    ("The benchmark's prompts by name: text of `LENGTHS` tokens, an image of each of `PICTURES`, a "
+     "video (`full`), or three small ones.")
     if full:
         return ({f"text {n}": text_case(cfg, n) for n in LENGTHS}
-                | {f"image {h}x{w}": synthetic_inputs(cfg, images=((1, h, w),), videos=(), text_len=32)
+                | {f"image {h}x{w}": synthetic_inputs(cfg, images=((1, h, w),), videos=(),
+                                                      text_len=32)
                    for h, w in PICTURES}
                 | {"video 4x32x32 + image 32x32 + text":
-                   synthetic_inputs(cfg, images=((1, 32, 32),), videos=((4, 32, 32),), text_len=32)})
-    return {"text 32": text_case(cfg, 32), "text 100": text_case(cfg, 100), "image + video": synthetic_inputs(cfg)}
+                   synthetic_inputs(cfg, images=((1, 32, 32),), videos=((4, 32, 32),),
+                                    text_len=32)})
+    return {"text 32": text_case(cfg, 32), "text 100": text_case(cfg, 100),
+            "image + video": synthetic_inputs(cfg)}
 
 # %% ../../nbs/analysis/04a_speed_bench.ipynb #0c2d8a3a
 def round_ratios(ms: dict, base: str) -> dict:
-    ("Each variant's times (`ms`: a list per variant, one per interleaved round) over `base`'s in the same round: how "
-     "far one run's ratio moves from round to round; `[nan]` each where `base` was not timed.")
+    ("Each variant's times (`ms`: a list per variant, one per interleaved round) over `base`'s in "
+     "the same round: how far one run's ratio moves from round to round; `[nan]` each where `base` "
+     "was not timed.")
     if base not in ms: return {v: [float("nan")] for v in ms}
     return {v: [a / b for a, b in zip(t, ms[base], strict=True)] for v, t in ms.items()}
 
 # %% ../../nbs/analysis/04a_speed_bench.ipynb #d2f4650a
-def run(cfg: EncoderConfig, full: bool, device, reps: int = 5, variants=("hf_eager", "hf_compiled", "exact", "fast"),
-        fp8: tuple = (), log=print) -> pd.DataFrame:
-    ("Every case, timed for every variant (interleaved), with errors against HF and an fp32 reference (at full size "
-     "the `REFS` cases): one row each; `fp8` (variants `fp8_exact`, `fp8_fast`): then HF is freed, our decoder "
-     "quantized and its text cases timed again in those.")
+def run(cfg: EncoderConfig, full: bool, device, reps: int = 5,
+        variants=("hf_eager", "hf_compiled", "exact", "fast"), fp8: tuple = (),
+        log=print) -> pd.DataFrame:
+    ("Every case, timed for every variant (interleaved), with errors against HF and an fp32 "
+     "reference (at full size the `REFS` cases): one row each; `fp8` (variants `fp8_exact`, "
+     "`fp8_fast`): then HF is freed, our decoder quantized and its text cases timed again in "
+     "those.")
     t0 = time.time()
     hf, enc = build_pair(cfg, device)
     encs = {"exact": enc, "fast": fast_twin(enc)}   # one encoder per mode, the same weights
@@ -91,10 +104,12 @@ def run(cfg: EncoderConfig, full: bool, device, reps: int = 5, variants=("hf_eag
     weight_bytes = sum(p.numel() * p.element_size() for p in enc.text.layers.parameters())
     floor = lambda n: floor_ms(cfg, n, weight_bytes, peak, bw)
     log(f"[{time.time() - t0:6.1f} s] bf16 GEMM peak {peak:.0f} TFLOP/s, memory {bw:.0f} GB/s")
-    n = 128 if full else 32       # a diffusion pipeline's prompt and negative prompt: one call, or two
+    # a diffusion pipeline's prompt and negative prompt: one call, or two
+    n = 128 if full else 32
     pair = [text_case(cfg, n, seed=1), text_case(cfg, n, seed=2)]
     todo, refs = cases(cfg, full), {}
-    for name, x in [*todo.items(), ("pair 0", pair[0]), ("pair 1", pair[1])]:   # fp32 references, while memory is free
+    # fp32 references, while memory is free
+    for name, x in [*todo.items(), ("pair 0", pair[0]), ("pair 1", pair[1])]:
         if full and name not in REFS and not name.startswith("pair"): refs[name] = None; continue
         try:
             with torch.inference_mode(), fp32_hf(hf): refs[name] = hf_forward(hf, cfg, x, device)
@@ -102,43 +117,54 @@ def run(cfg: EncoderConfig, full: bool, device, reps: int = 5, variants=("hf_eag
             refs[name] = None; torch.cuda.empty_cache()
             log(f"{name}: no fp32 reference (out of memory beside the two bf16 models)")
     log(f"[{time.time() - t0:6.1f} s] fp32 references")
-    if cuda:   # HF's layers compiled after the references: hf_eager runs them eagerly (`eager_unless`)
+    # HF's layers compiled after the references: hf_eager runs them eagerly (`eager_unless`)
+    if cuda:
         for m in hf.language_model.layers: m.compile()
     warm = {}
-    if "fast" in variants:                    # fast mode's default warm-up (`fast.warmup`, as from_pretrained runs it)
+    # fast mode's default warm-up (`fast.warmup`, as from_pretrained runs it)
+    if "fast" in variants:
         with torch.inference_mode(): warm["fast"] = warmup(encs["fast"])
         log(f"[{time.time() - t0:6.1f} s] fast mode warm-up: {warm['fast']:.1f} s")
-    read_ms = {v: weight_bytes / bw / 1e6 for v in variants}   # the decoder's weights read once, at the bandwidth
+    # the decoder's weights read once, at the bandwidth
+    read_ms = {v: weight_bytes / bw / 1e6 for v in variants}
     rows, hf_out = [], {}
     err = lambda x, ref: diff_row(x, ref)["rel_l2"]
-    def timed(todo, variants, ref_to):      # one row per case and variant; `ref_to`: the case's HF eager output
+    # one row per case and variant; `ref_to`: the case's HF eager output
+    def timed(todo, variants, ref_to):
         for name, x in todo.items():
             n, ref = len(x["input_ids"]), refs[name]
             with torch.inference_mode():
                 out, first, ms, mem = {}, {}, {v: [] for v in variants}, {}
-                for v in variants:              # first call (compilation, graph capture): time and peak memory
+                # first call (compilation, graph capture): time and peak memory
+                for v in variants:
                     out[v], first[v], mem[v] = first_call(lambda: call(v, x), device)
                     call(v, x)
-                for _ in range(reps):           # interleaved: the variants see the same host and GPU state
+                # interleaved: the variants see the same host and GPU state
+                for _ in range(reps):
                     for v in variants:
                         out[v], t = wall_ms(lambda: call(v, x), cuda); ms[v].append(t)
             if "hf_eager" in out: hf_out[name] = out["hf_eager"]
-            per = {b: round_ratios(ms, b) for b in ("hf_eager", "hf_compiled")}   # each round against HF's
+            # each round against HF's
+            per = {b: round_ratios(ms, b) for b in ("hf_eager", "hf_compiled")}
             for v in variants:
                 med = statistics.median(ms[v])
                 tflops = decoder_flops(cfg, n) / med / 1e9
-                spread = {f"x_{b}_{k}": f(r[v]) for b, r in per.items() for k, f in (("lo", min), ("hi", max))}
-                rows.append(dict(case=name, tokens=n, variant=v, ms=med, ms_min=min(ms[v]), first_call_s=first[v],
-                                 first_call_over_s=first[v] - med / 1e3, weight_read_ms=read_ms[v],
-                                 x_weight_read=med / read_ms[v],
-                                 decoder_tflops=tflops, mfu=tflops / peak, floor_ms=floor(n), x_floor=med / floor(n),
-                                 **spread, peak_act_gib=mem[v], bitwise_to_hf=torch.equal(out[v], ref_to[name]),
+                spread = {f"x_{b}_{k}": f(r[v])
+                          for b, r in per.items() for k, f in (("lo", min), ("hi", max))}
+                to_fp32 = diff_row(out[v], ref)["rel_l2"] if ref is not None else float("nan")
+                # encode(output_device=the GPU)
+                same = None if v.startswith("hf") else torch.equal(call(v, x, device).cpu(), out[v])
+                rows.append(dict(case=name, tokens=n, variant=v, ms=med, ms_min=min(ms[v]),
+                                 first_call_s=first[v], first_call_over_s=first[v] - med / 1e3,
+                                 weight_read_ms=read_ms[v], x_weight_read=med / read_ms[v],
+                                 decoder_tflops=tflops, mfu=tflops / peak, floor_ms=floor(n),
+                                 x_floor=med / floor(n), **spread, peak_act_gib=mem[v],
+                                 bitwise_to_hf=torch.equal(out[v], ref_to[name]),
                                  rel_l2_to_hf=diff_row(out[v], ref_to[name])["rel_l2"],
-                                 rel_l2_to_fp32=diff_row(out[v], ref)["rel_l2"] if ref is not None else float("nan"),
-                                 device_output_same=None if v.startswith("hf")   # encode(output_device=the GPU)
-                                 else torch.equal(call(v, x, device).cpu(), out[v])))
+                                 rel_l2_to_fp32=to_fp32, device_output_same=same))
             log(f"[{time.time() - t0:6.1f} s] {name}: "
-                + ", ".join(f"{v} {statistics.median(ms[v]):.1f} ms (first {first[v]:.1f} s)" for v in variants))
+                + ", ".join(f"{v} {statistics.median(ms[v]):.1f} ms (first {first[v]:.1f} s)"
+                            for v in variants))
     timed(todo, variants, hf_out)
     with torch.inference_mode():
         for v in [v for v in variants if not v.startswith("hf")]:
@@ -149,56 +175,76 @@ def run(cfg: EncoderConfig, full: bool, device, reps: int = 5, variants=("hf_eag
             for _ in range(reps):
                 one.append(wall_ms(lambda: call(v, pair), cuda)[1])
                 two.append(wall_ms(lambda: [call(v, x) for x in pair], cuda)[1])
-            rows.append(dict(case=f"2 x text {n}, one call", tokens=2 * n, variant=v, ms=statistics.median(one),
-                             ms_min=min(one), two_calls_ms=statistics.median(two),
+            rows.append(dict(case=f"2 x text {n}, one call", tokens=2 * n, variant=v,
+                             ms=statistics.median(one), ms_min=min(one),
+                             two_calls_ms=statistics.median(two),
                              batch_ratio=statistics.median(one) / statistics.median(two),
                              floor_ms=floor(2 * n), floor_ratio=floor(2 * n) / (2 * floor(n)),
                              bitwise_to_solo=all(torch.equal(a, b) for a, b in zip(packed, solo)),
-                             rel_l2_to_solo=max(diff_row(a, b)["rel_l2"] for a, b in zip(packed, solo)),
+                             rel_l2_to_solo=max(diff_row(a, b)["rel_l2"]
+                                                for a, b in zip(packed, solo)),
                              err_x_solo=max(err(a, refs[f"pair {i}"]) / err(b, refs[f"pair {i}"])
                                             for i, (a, b) in enumerate(zip(packed, solo)))))
-            log(f"{rows[-1]['case']}, {v}: {rows[-1]['ms']:.1f} ms, two calls {rows[-1]['two_calls_ms']:.1f} ms")
-    if fp8:                       # HF freed (its compiled code too), our decoder in FP8, the graphs captured anew
+            log(f"{rows[-1]['case']}, {v}: {rows[-1]['ms']:.1f} ms, "
+                f"two calls {rows[-1]['two_calls_ms']:.1f} ms")
+    # HF freed (its compiled code too), our decoder in FP8, the graphs captured anew
+    if fp8:
         hf = None; call = variant_call(None, encs, cfg, device)   # its last reference to HF dropped
         free_memory(device)
         for e in encs.values(): quantize_model_(e.text)
-        encs["fast"].load_state_dict(enc.state_dict(), assign=True)   # one FP8 copy: both modes hold enc's tensors
-        for e in encs.values(): apply_fast(e, e.fast)   # new runners: the bf16 graphs go with the old ones
+        # one FP8 copy: both modes hold enc's tensors
+        encs["fast"].load_state_dict(enc.state_dict(), assign=True)
+        # new runners: the bf16 graphs go with the old ones
+        for e in encs.values(): apply_fast(e, e.fast)
         with torch.inference_mode(): warm["fp8_fast"] = warmup(encs["fast"])
         layers = enc.text.layers
-        fp8_bytes = sum(t.numel() * t.element_size() for t in (*layers.parameters(), *layers.buffers()))
+        fp8_bytes = sum(t.numel() * t.element_size()
+                        for t in (*layers.parameters(), *layers.buffers()))
         read_ms |= {"fp8_exact": fp8_bytes / bw / 1e6, "fp8_fast": fp8_bytes / bw / 1e6}
         gib = torch.cuda.memory_allocated(device) / 2**30 if cuda else 0
-        log(f"[{time.time() - t0:6.1f} s] FP8 decoder, {gib:.1f} GiB in all; warm-up {warm['fp8_fast']:.1f} s")
+        log(f"[{time.time() - t0:6.1f} s] FP8 decoder, {gib:.1f} GiB in all; "
+            f"warm-up {warm['fp8_fast']:.1f} s")
         timed({k: x for k, x in todo.items() if k.startswith("text")}, fp8, hf_out)
     df = pd.DataFrame(rows)
     for base in ("hf_eager", "hf_compiled", "fast"):
         if base in variants:
-            df[f"x_{base}"] = df["ms"] / df["case"].map(df[df.variant == base].drop_duplicates("case")
-                                                        .set_index("case")["ms"])
+            base_ms = df[df.variant == base].drop_duplicates("case").set_index("case")["ms"]
+            df[f"x_{base}"] = df["ms"] / df["case"].map(base_ms)
     hf_err = df[df.variant == "hf_eager"].set_index("case")["rel_l2_to_fp32"]
-    df["err_x_hf"] = df["rel_l2_to_fp32"] / df["case"].map(hf_err)   # the error over HF eager bf16's own
+    # the error over HF eager bf16's own
+    df["err_x_hf"] = df["rel_l2_to_fp32"] / df["case"].map(hf_err)
     df["warmup_s"] = df["variant"].map(warm)
     return df.assign(gemm_peak_tflops=peak, hbm_gbps=bw)
 
 # %% ../../nbs/analysis/04a_speed_bench.ipynb #a9ba5e88
 def command(argv=None) -> int:
-    "`python -m qwen3vl_l50_nbdev.analysis speed [--full]`: the benchmark; writes its CSV with provenance."
-    p = argparse.ArgumentParser(prog="python -m qwen3vl_l50_nbdev.analysis speed", description=command.__doc__)
-    p.add_argument("--full", action="store_true", help="Qwen3-VL-32B dimensions on CUDA (default: tiny(3) on the CPU)")
+    ("`python -m qwen3vl_l50_nbdev.analysis speed [--full]`: the benchmark; writes its CSV with "
+     "provenance.")
+    p = argparse.ArgumentParser(prog="python -m qwen3vl_l50_nbdev.analysis speed",
+                                description=command.__doc__)
+    p.add_argument("--full", action="store_true",
+                   help="Qwen3-VL-32B dimensions on CUDA (default: tiny(3) on the CPU)")
     p.add_argument("--layers", type=int, default=50, help="decoder layers with --full")
-    p.add_argument("--fp8", action="store_true", help="then the text cases again in FP8 fast mode (HF freed)")
-    p.add_argument("--reps", type=int, default=5, help="timed calls per variant and case (the median is reported)")
-    p.add_argument("--out", default=None, help="CSV (default: nbs/analysis/data/speed_<device>.csv)")
-    p.add_argument("--commit", default=None, help="commit to record (default: the package's own, git_commit)")
-    p.add_argument("--gemms", action="store_true", help="only the GEMMs of one 32B layer (gemm_floor), on CUDA")
+    p.add_argument("--fp8", action="store_true",
+                   help="then the text cases again in FP8 fast mode (HF freed)")
+    p.add_argument("--reps", type=int, default=5,
+                   help="timed calls per variant and case (the median is reported)")
+    p.add_argument("--out", default=None,
+                   help="CSV (default: nbs/analysis/data/speed_<device>.csv)")
+    p.add_argument("--commit", default=None,
+                   help="commit to record (default: the package's own, git_commit)")
+    p.add_argument("--gemms", action="store_true",
+                   help="only the GEMMs of one 32B layer (gemm_floor), on CUDA")
     p.add_argument("--profile", default=None, metavar="TOKENS",
-                   help="only tp_profile.hf_profile at these lengths (e.g. 128,2048,2500): speed_profile_<device>.csv")
+                   help="only tp_profile.hf_profile at these lengths (e.g. 128,2048,2500): "
+                   "speed_profile_<device>.csv")
     a = p.parse_args(argv)
     dev = torch.device("cuda", 0) if torch.cuda.is_available() else torch.device("cpu")
-    if (a.full or a.gemms) and dev.type != "cuda": raise SystemExit("--full and --gemms need a CUDA device")
+    if (a.full or a.gemms) and dev.type != "cuda":
+        raise SystemExit("--full and --gemms need a CUDA device")
     if dev.type == "cuda": torch.cuda.set_device(dev)
-    cmd = "python -m qwen3vl_l50_nbdev.analysis speed " + " ".join(sys.argv[1:] if argv is None else argv)
+    cmd = ("python -m qwen3vl_l50_nbdev.analysis speed "
+           + " ".join(sys.argv[1:] if argv is None else argv))
     if a.gemms:
         out = a.out or data_dir() / "gemm_floor_h200.csv"
         g = gemm_floor(qwen3vl_32b(a.layers), device=dev)
@@ -207,59 +253,74 @@ def command(argv=None) -> int:
         return 0
     cfg = qwen3vl_32b(a.layers) if a.full else tiny(3)
     if a.profile:
-        variants = HF_VARIANTS if dev.type == "cuda" else ("hf_eager", "exact", "fast")   # CPU: nothing compiled
-        pr = hf_profile(cfg, [int(n) for n in a.profile.split(",")], dev, reps=a.reps, variants=variants)
+        # CPU: nothing compiled
+        variants = HF_VARIANTS if dev.type == "cuda" else ("hf_eager", "exact", "fast")
+        pr = hf_profile(cfg, [int(n) for n in a.profile.split(",")], dev, reps=a.reps,
+                        variants=variants)
+        shown = pr.pivot_table(index=["tokens", "variant"], columns="kind", values="us_per_layer",
+                               sort=False).round(1).to_string()
         write_csv(pr, a.out or data_dir() / f"speed_profile_{'h200' if a.full else 'cpu'}.csv",
-                  provenance(dev, a.commit, cmd),
-                  shown=pr.pivot_table(index=["tokens", "variant"], columns="kind", values="us_per_layer",
-                                       sort=False).round(1).to_string())
+                  provenance(dev, a.commit, cmd), shown=shown)
         return 0
-    variants = ("hf_eager", "hf_compiled", "exact", "fast") if dev.type == "cuda" else ("hf_eager", "exact", "fast")
+    variants = (("hf_eager", "hf_compiled", "exact", "fast") if dev.type == "cuda"
+                else ("hf_eager", "exact", "fast"))
     out = a.out or data_dir() / f"speed_{'h200' if a.full else 'cpu'}.csv"
-    df = run(cfg, a.full, dev, a.reps, variants, ("fp8_fast",) if a.fp8 else (), log=lambda m: print(m, flush=True))
+    df = run(cfg, a.full, dev, a.reps, variants, ("fp8_fast",) if a.fp8 else (),
+             log=lambda m: print(m, flush=True))
     import transformers
-    meta = provenance(dev, a.commit, cmd) | dict(transformers=transformers.__version__, layers=cfg.selected_layer)
-    cols = ["case", "tokens", "variant", "ms", "x_hf_eager", "x_hf_eager_lo", "x_hf_eager_hi", "x_hf_compiled",
-            "x_hf_compiled_lo", "x_hf_compiled_hi", "x_fast", "mfu", "x_floor", "first_call_s", "first_call_over_s",
-            "x_weight_read", "warmup_s", "peak_act_gib", "bitwise_to_hf", "rel_l2_to_fp32", "err_x_hf", "batch_ratio",
-            "floor_ratio"]
-    write_csv(df, out, meta, shown=df[[c for c in cols if c in df]].to_string(float_format=lambda v: f"{v:.3g}"))
+    meta = provenance(dev, a.commit, cmd) | dict(transformers=transformers.__version__,
+                                                 layers=cfg.selected_layer)
+    cols = ["case", "tokens", "variant", "ms", "x_hf_eager", "x_hf_eager_lo", "x_hf_eager_hi",
+            "x_hf_compiled", "x_hf_compiled_lo", "x_hf_compiled_hi", "x_fast", "mfu", "x_floor",
+            "first_call_s", "first_call_over_s", "x_weight_read", "warmup_s", "peak_act_gib",
+            "bitwise_to_hf", "rel_l2_to_fp32", "err_x_hf", "batch_ratio", "floor_ratio"]
+    write_csv(df, out, meta,
+              shown=df[[c for c in cols if c in df]].to_string(float_format=lambda v: f"{v:.3g}"))
     return 0
 
 # %% ../../nbs/analysis/04a_speed_bench.ipynb #f9cfd23e
-def gemm_floor(cfg: EncoderConfig, lengths=(128, 512, 2048, 8192), device="cuda", autotune: bool = True,
-               log=print) -> pd.DataFrame:
-    ("Microseconds of each of one decoder layer's GEMMs alone (fused shapes, TP 1) at each length, through cuBLAS, "
-     "cuBLASLt and (`autotune`) inductor's max-autotune; with TFLOP/s and the weight's TB/s.")
+def gemm_floor(cfg: EncoderConfig, lengths=(128, 512, 2048, 8192), device="cuda",
+               autotune: bool = True, log=print) -> pd.DataFrame:
+    ("Microseconds of each of one decoder layer's GEMMs alone (fused shapes, TP 1) at each length, "
+     "through cuBLAS, cuBLASLt and (`autotune`) inductor's max-autotune; with TFLOP/s and the "
+     "weight's TB/s.")
     t, rows = cfg.text, []
-    shapes = {"q|k|v": (t.head_dim * (t.num_attention_heads + 2 * t.num_key_value_heads), t.hidden_size),
+    shapes = {"q|k|v": (t.head_dim * (t.num_attention_heads + 2 * t.num_key_value_heads),
+                        t.hidden_size),
               "o": (t.hidden_size, t.num_attention_heads * t.head_dim),
-              "gate|up": (2 * t.intermediate_size, t.hidden_size), "down": (t.hidden_size, t.intermediate_size)}
+              "gate|up": (2 * t.intermediate_size, t.hidden_size),
+              "down": (t.hidden_size, t.intermediate_size)}
     lib = torch.backends.cuda.preferred_blas_library()
     try:
         for name, (N, K) in shapes.items():
-            ws = [torch.randn(N, K, device=device, dtype=torch.bfloat16) * 0.02 for _ in range(2)]   # 2: not from L2
+            # 2: not from L2
+            ws = [torch.randn(N, K, device=device, dtype=torch.bfloat16) * 0.02 for _ in range(2)]
             for n in lengths:
                 x = torch.randn(n, K, device=device, dtype=torch.bfloat16)
                 both = lambda f: lambda: [f(x, w) for w in ws]
                 us = {}
                 for b in ("cublas", "cublaslt"):
-                    torch.backends.cuda.preferred_blas_library(b); us[b] = graph_us(both(F.linear), 10) / 2
+                    torch.backends.cuda.preferred_blas_library(b)
+                    us[b] = graph_us(both(F.linear), 10) / 2
                 torch.backends.cuda.preferred_blas_library(lib)
                 if autotune:
                     torch._dynamo.reset()
                     f = torch.compile(F.linear, mode="max-autotune-no-cudagraphs", dynamic=False)
                     f(x, ws[0]); us["autotune"] = graph_us(both(f), 10) / 2
                 for b, u in us.items():
-                    rows.append(dict(gemm=name, tokens=n, n=N, k=K, backend=b, us=u, tflops=2 * n * N * K / u / 1e6,
+                    rows.append(dict(gemm=name, tokens=n, n=N, k=K, backend=b, us=u,
+                                     tflops=2 * n * N * K / u / 1e6,
                                      weight_tbps=2 * N * K / u / 1e6))
                 log(f"{name} {n} tokens: " + ", ".join(f"{b} {u:.1f} us" for b, u in us.items()))
     finally:
         torch.backends.cuda.preferred_blas_library(lib); torch._dynamo.reset()
     return pd.DataFrame(rows)
 
+# %% ../../nbs/analysis/04a_speed_bench.ipynb #6a0f8f45
 def gemm_table(g: pd.DataFrame, layers: int) -> pd.DataFrame:
-    "Per length: the decoder's GEMMs alone (`layers` x one layer's), ms through cuBLAS and with the best backend."
-    per = g.pivot_table(index="tokens", columns="backend", values="us", aggfunc="sum") * layers / 1e3
+    ("Per length: the decoder's GEMMs alone (`layers` x one layer's), ms through cuBLAS and with "
+     "the best backend.")
+    per = (g.pivot_table(index="tokens", columns="backend", values="us", aggfunc="sum")
+           * layers / 1e3)
     best = g.groupby(["tokens", "gemm"])["us"].min().groupby("tokens").sum() * layers / 1e3
     return per.assign(best=best).rename(columns=lambda c: f"{c} ms")

@@ -15,24 +15,32 @@ def sync(cuda: bool):
     "Wait for the current CUDA device's queued work (`cuda`), else nothing."
     if cuda: torch.cuda.synchronize()
 
+# %% ../../nbs/analysis/00d_timing.ipynb #63fde6e1
 def wall_ms(call, cuda: bool, iters: int = 1) -> tuple:
-    "`call()` `iters` times, each between two syncs (`sync(cuda)`): the last output and the median wall milliseconds."
+    ("`call()` `iters` times, each between two syncs (`sync(cuda)`): the last output and the "
+     "median wall milliseconds.")
     ms = []
     for _ in range(iters):
         sync(cuda); t = time.perf_counter(); out = call(); sync(cuda)
         ms.append(1e3 * (time.perf_counter() - t))
     return out, sorted(ms)[len(ms) // 2]
 
+# %% ../../nbs/analysis/00d_timing.ipynb #986684a4
 def first_call(call, device) -> tuple:
-    ("The first `call()` (compilation, graph capture): its output, its seconds, and the GiB it peaked at above what "
-     "was allocated before (NaN off CUDA).")
+    ("The first `call()` (compilation, graph capture): its output, its seconds, and the GiB it "
+     "peaked at above what was allocated before (NaN off CUDA).")
     cuda = torch.device(device).type == "cuda"
-    if cuda: sync(cuda); torch.cuda.reset_peak_memory_stats(device); base = torch.cuda.memory_allocated(device)
+    if cuda:
+        sync(cuda); torch.cuda.reset_peak_memory_stats(device)
+        base = torch.cuda.memory_allocated(device)
     out, ms = wall_ms(call, cuda)
-    return out, ms / 1e3, (torch.cuda.max_memory_allocated(device) - base) / 2**30 if cuda else float("nan")
+    peak = (torch.cuda.max_memory_allocated(device) - base) / 2**30 if cuda else float("nan")
+    return out, ms / 1e3, peak
 
+# %% ../../nbs/analysis/00d_timing.ipynb #15811d42
 def free_memory(device):
-    "Let a dropped model go: compiled code (which holds its modules) forgotten, garbage collected, CUDA cache emptied."
+    ("Let a dropped model go: compiled code (which holds its modules) forgotten, garbage "
+     "collected, CUDA cache emptied.")
     torch._dynamo.reset(); gc.collect()
     if torch.device(device).type == "cuda": torch.cuda.empty_cache()
 
@@ -47,6 +55,7 @@ def cuda_ms(fn, iters: int, warmup: int) -> float:
         times.append(start.elapsed_time(end))
     return sorted(times)[len(times) // 2]
 
+# %% ../../nbs/analysis/00d_timing.ipynb #99041d98
 def graph_us(fn, reps: int = 50) -> float:
     "Microseconds per `fn()` call, from a CUDA graph of `reps` calls replayed (its median of 5)."
     side = torch.cuda.Stream(); side.wait_stream(torch.cuda.current_stream())
