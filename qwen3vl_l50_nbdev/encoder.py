@@ -18,83 +18,100 @@ from .vision import VisionModel, check_pixels
 from .text import TextModel
 from .rope import rope_index, mm_token_types
 from .deepstack import placeholder_masks, scatter_visual, merge_deepstack
-from .loading import load_checkpoint, checkpoint_tensors, _missing_message, check_checkpoint
+from .loading import (load_checkpoint, checkpoint_tensors, _missing_message,
+                                       check_checkpoint)
 from .fp8_blocks import checkpoint_format, block_kernel, block_fp8_model_
-from .loading import load_weights as fill_weights   # `Encoder.load_weights` checks, then calls it
+# `Encoder.load_weights` checks, then calls it
+from .loading import load_weights as fill_weights
 from .loading import checkpoint_name
 from .fp8 import quantize_model_, check_fp8_modes
 from .fast import check_mode, no_graphs, FastConfig, runners, apply_fast, warmup
 from .offload import check_offload, CpuOffload, LayerwiseOffload
 
-# %% ../nbs/08_encoder.ipynb #49b5d5c5
+# %% ../nbs/08_encoder.ipynb #0c038c6f
 def _check_visual(cfg: EncoderConfig, ids, pixels, grid, kind: str, token_id: int):
-    "One modality: pixels and grid together and consistent (`check_pixels`), placeholders matching the features."
-    pv, gname = ("pixel_values", "image_grid_thw") if kind == "image" else ("pixel_values_videos", "video_grid_thw")
+    ("One modality: pixels and grid together and consistent (`check_pixels`), placeholders "
+     "matching the features.")
+    pv, gname = (("pixel_values", "image_grid_thw") if kind == "image"
+                 else ("pixel_values_videos", "video_grid_thw"))
     n_tok = int((ids == token_id).sum())
     if pixels is None and grid is None:
         if n_tok:
-            raise ValueError(f"input_ids has {n_tok} {kind} tokens (id {token_id}) but no {pv} / {gname} were given")
+            raise ValueError(f"input_ids has {n_tok} {kind} tokens (id {token_id}) but no {pv} / "
+                             f"{gname} were given")
         return
-    if (pixels is None) != (grid is None): raise ValueError(f"{pv} and {gname} must be given together")
+    if (pixels is None) != (grid is None):
+        raise ValueError(f"{pv} and {gname} must be given together")
     if not isinstance(pixels, torch.Tensor) or not pixels.is_floating_point():
-        raise ValueError(f"{pv} must be a floating-point tensor, got {getattr(pixels, 'dtype', type(pixels).__name__)}")
+        raise ValueError(f"{pv} must be a floating-point tensor, got "
+                         f"{getattr(pixels, 'dtype', type(pixels).__name__)}")
     grids, m = check_pixels(pixels, grid, cfg.vision, (pv, gname)), cfg.vision.spatial_merge_size
     _check_finite(pixels, grids, pv, gname, kind)
     if n_tok != (n := sum(t * h * w for t, h, w in grids) // m ** 2):
-        raise ValueError(f"input_ids has {n_tok} {kind} tokens (id {token_id}) but the {kind} features are {n} tokens "
-                         f"({gname} {grids} / merge {m}x{m})")
+        raise ValueError(f"input_ids has {n_tok} {kind} tokens (id {token_id}) but the {kind} "
+                         f"features are {n} tokens ({gname} {grids} / merge {m}x{m})")
 
+# %% ../nbs/08_encoder.ipynb #2c5553b0
 def _check_finite(pixels, grids, pv: str, gname: str, kind: str):
-    "Raise naming the first row of `pixels` holding a NaN or Inf, and the image or video it belongs to."
-    if bool(torch.isfinite(pixels.sum(dtype=torch.float32))): return   # a NaN or Inf anywhere makes the sum one
-    if bool(torch.isfinite(pixels).all()): return                      # the sum overflowed (10x slower check)
+    ("Raise naming the first row of `pixels` holding a NaN or Inf, and the image or video it "
+     "belongs to.")
+    # a NaN or Inf anywhere makes the sum one
+    if bool(torch.isfinite(pixels.sum(dtype=torch.float32))): return
+    if bool(torch.isfinite(pixels).all()): return   # the sum overflowed (10x slower check)
     rows = (~torch.isfinite(pixels)).any(1).nonzero()[:, 0].tolist()
     ends = torch.tensor([t * h * w for t, h, w in grids]).cumsum(0).tolist()
     which = next(i for i, e in enumerate(ends) if rows[0] < e)
-    raise ValueError(f"{pv} has NaN or Inf in {len(rows)} row(s), the first row {rows[0]} ({kind} {which}, "
-                     f"{gname}[{which}] = {grids[which]}): one non-finite pixel makes every output row NaN; "
-                     f"fix or drop that {kind}")
+    raise ValueError(f"{pv} has NaN or Inf in {len(rows)} row(s), the first row {rows[0]} ({kind} "
+                     f"{which}, {gname}[{which}] = {grids[which]}): one non-finite pixel makes "
+                     f"every output row NaN; fix or drop that {kind}")
 
+# %% ../nbs/08_encoder.ipynb #75557800
 def check_inputs(cfg: EncoderConfig, input_ids, pixel_values=None, image_grid_thw=None,
                  pixel_values_videos=None, video_grid_thw=None):
     "Raise `ValueError` saying what is wrong with the inputs of `encode`, before any work."
     ids = input_ids
     if not isinstance(ids, torch.Tensor) or ids.ndim != 1: raise ValueError(
-        f"input_ids must be a 1-D tensor of token ids, got {getattr(ids, 'shape', type(ids).__name__)}: "
-        "pass one prompt, unbatched")
+        "input_ids must be a 1-D tensor of token ids, got "
+        f"{getattr(ids, 'shape', type(ids).__name__)}: pass one prompt, unbatched")
     if ids.is_floating_point() or ids.is_complex() or ids.dtype == torch.bool:
         raise ValueError(f"input_ids must be integer, got {ids.dtype}")
     if ids.numel() == 0: raise ValueError("input_ids is empty")
     ids = ids.long()   # min/max exist for every integer dtype as int64 (not for uint16/32/64)
     lo, hi = int(ids.min()), int(ids.max())
     if lo < 0 or hi >= cfg.text.vocab_size:
-        raise ValueError(f"input_ids must be in [0, {cfg.text.vocab_size}) (the vocabulary), got min {lo}, max {hi}")
+        raise ValueError(f"input_ids must be in [0, {cfg.text.vocab_size}) (the vocabulary), got "
+                         f"min {lo}, max {hi}")
     _check_visual(cfg, ids, pixel_values, image_grid_thw, "image", cfg.image_token_id)
     _check_visual(cfg, ids, pixel_values_videos, video_grid_thw, "video", cfg.video_token_id)
 
 # %% ../nbs/08_encoder.ipynb #28fdf808
-def as_prompt(cfg: EncoderConfig, input_ids, pixel_values=None, image_grid_thw=None, pixel_values_videos=None,
-              video_grid_thw=None, attention_mask=None, mm_token_type_ids=None) -> dict:
-    ("One prompt's inputs as `encode` takes them — `[seq]` or `[1, seq]` ids, and an HF processor's `attention_mask` "
-     "and `mm_token_type_ids` — checked, with 1-D ids.")
+def as_prompt(cfg: EncoderConfig, input_ids, pixel_values=None, image_grid_thw=None,
+              pixel_values_videos=None, video_grid_thw=None, attention_mask=None,
+              mm_token_type_ids=None) -> dict:
+    ("One prompt's inputs as `encode` takes them — `[seq]` or `[1, seq]` ids, and an HF "
+     "processor's `attention_mask` and `mm_token_type_ids` — checked, with 1-D ids.")
     ids = input_ids
     if isinstance(ids, torch.Tensor) and ids.ndim == 2 and ids.shape[0] != 1:
-        raise ValueError(f"input_ids holds {ids.shape[0]} prompts ({list(ids.shape)}): encode takes one, [seq] or "
-                         "[1, seq]; pass several to encode_batch, a list with one dict per prompt, unpadded")
+        raise ValueError(f"input_ids holds {ids.shape[0]} prompts ({list(ids.shape)}): encode "
+                         "takes one, [seq] or [1, seq]; pass several to encode_batch, a list with "
+                         "one dict per prompt, unpadded")
     if isinstance(ids, torch.Tensor) and ids.ndim == 2: ids = ids[0]
     for name, t in (("attention_mask", attention_mask), ("mm_token_type_ids", mm_token_type_ids)):
         if t is None: continue
         t = torch.as_tensor(t)
         t = t[0] if t.ndim == 2 and t.shape[0] == 1 else t
         if not isinstance(ids, torch.Tensor) or t.shape != ids.shape:
-            raise ValueError(f"{name} has shape {list(t.shape)} but input_ids {list(getattr(ids, 'shape', []))}: "
-                             "pass them as the processor made them, for one prompt")
+            raise ValueError(f"{name} has shape {list(t.shape)} but input_ids "
+                             f"{list(getattr(ids, 'shape', []))}: pass them as the processor made "
+                             "them, for one prompt")
         if name == "attention_mask" and (n := int((t != 1).sum())):
-            raise ValueError(f"attention_mask masks {n} token(s): the prompt is padded. Pass it unpadded (drop the "
-                             "masked tokens), or several prompts unpadded to encode_batch")
+            raise ValueError(f"attention_mask masks {n} token(s): the prompt is padded. Pass it "
+                             "unpadded (drop the masked tokens), or several prompts unpadded to "
+                             "encode_batch")
         if name == "mm_token_type_ids" and (n := int((t != mm_token_types(ids, cfg)).sum())):
-            raise ValueError(f"mm_token_type_ids disagrees with input_ids at {n} position(s) (image_token_id="
-                             f"{cfg.image_token_id}, video_token_id={cfg.video_token_id}): are they from one processor "
+            raise ValueError(f"mm_token_type_ids disagrees with input_ids at {n} position(s) "
+                             f"(image_token_id={cfg.image_token_id}, "
+                             f"video_token_id={cfg.video_token_id}): are they from one processor "
                              "call for this checkpoint?")
     check_inputs(cfg, ids, pixel_values, image_grid_thw, pixel_values_videos, video_grid_thw)
     return dict(input_ids=ids, pixel_values=pixel_values, image_grid_thw=image_grid_thw,
@@ -102,15 +119,17 @@ def as_prompt(cfg: EncoderConfig, input_ids, pixel_values=None, image_grid_thw=N
 
 # %% ../nbs/08_encoder.ipynb #6376cd2b
 class NotMember(nn.Module):
-    "What `Encoder.from_pretrained` returns on a rank outside the encoder group: a module without weights; calls raise."
+    ("What `Encoder.from_pretrained` returns on a rank outside the encoder group: a module "
+     "without weights; calls raise.")
     is_loaded = False   # no weights on this rank
     def __init__(self, group: Group, cfg: EncoderConfig | None = None):
         super().__init__()
         self.group, self.cfg = group, cfg
 
     def _why(self, what: str) -> str:
-        return (f"rank {self.group.global_rank} is not in the encoder group {list(self.group.ranks)}: the encoder was "
-                f"loaded only on those ranks; {what} there (is_loaded is False here)")
+        return (f"rank {self.group.global_rank} is not in the encoder group "
+                f"{list(self.group.ranks)}: the encoder was loaded only on those ranks; {what} "
+                "there (is_loaded is False here)")
     def forward(self, *args, **kw): raise RuntimeError(self._why("call it"))
     def encode(self, *args, **kw): raise RuntimeError(self._why("call encode"))
     def encode_batch(self, *args, **kw): raise RuntimeError(self._why("call encode_batch"))
@@ -119,37 +138,43 @@ class NotMember(nn.Module):
     def __getattr__(self, name: str):
         try: return super().__getattr__(name)
         except AttributeError:
-            if name.startswith("_") or "group" not in self.__dict__: raise   # copy, pickle: plain attribute lookups
+            # copy, pickle: plain attribute lookups
+            if name.startswith("_") or "group" not in self.__dict__: raise
             raise AttributeError(self._why(f"use .{name}")) from None
 
-# %% ../nbs/08_encoder.ipynb #babb1bc1
+# %% ../nbs/08_encoder.ipynb #8022a5ce
 import functools
 import threading
-from .config import is_int
 
 def _serialised(encode):
-    "`encode`, one call at a time per encoder: at TP=1 a concurrent call waits; at TP>1 it is refused."
+    ("`encode`, one call at a time per encoder: at TP=1 a concurrent call waits; at TP>1 it is "
+     "refused.")
     @functools.wraps(encode)
     def run(self, *args, **kw):
         lock = self.__dict__.setdefault("_encode_lock", threading.Lock())
         if not lock.acquire(blocking=self.group.size == 1):
-            raise RuntimeError(f"encode is already running on this {self.group.size}-rank encoder in another thread: "
-                               "at TP>1 every rank must call encode in the same order, so call it from one thread")
+            raise RuntimeError(f"encode is already running on this {self.group.size}-rank encoder "
+                               "in another thread: at TP>1 every rank must call encode in the "
+                               "same order, so call it from one thread")
         try: return encode(self, *args, **kw)
         finally: lock.release()
     return run
 
+# %% ../nbs/08_encoder.ipynb #4548a539
+from .config import is_int
+
 def _check_placement(offload: str | None, mode: str, ring: int = 2):
-    "`offload`, `mode` and `ring`, each valid, and together possible; else a `ValueError` saying what to choose."
+    ("`offload`, `mode` and `ring`, each valid, and together possible; else a `ValueError` saying "
+     "what to choose.")
     check_mode(mode); check_offload(offload)
     if not is_int(ring) or ring < 1:
-        raise ValueError(f"ring={ring!r}: the number of device buffers of offload='layerwise', a whole number >= 1 "
-                         "(2 overlap a copy with compute)")
+        raise ValueError(f"ring={ring!r}: the number of device buffers of offload='layerwise', a "
+                         "whole number >= 1 (2 overlap a copy with compute)")
     if offload == "layerwise" and mode == "fast":
-        raise ValueError("offload='layerwise' runs the decoder layers eagerly, one by one: use mode='exact' "
-                         "(mode='fast' compiles the layers and replays CUDA graphs)")
+        raise ValueError("offload='layerwise' runs the decoder layers eagerly, one by one: use "
+                         "mode='exact' (mode='fast' compiles the layers and replays CUDA graphs)")
 
-# %% ../nbs/08_encoder.ipynb #55fb1b35
+# %% ../nbs/08_encoder.ipynb #60f50d17
 import os
 from concurrent.futures import ThreadPoolExecutor
 import numpy as np
@@ -157,48 +182,60 @@ import numpy as np
 _POOL: list = []   # one thread pool for every HostCopy, made on first use
 
 def copy_rows(src: torch.Tensor, threads: int = 8, min_bytes: int = 4 << 20) -> torch.Tensor:
-    ("A copy of host tensor `src` in fresh pageable memory, its row chunks copied (and the new pages faulted in) by "
-     "`threads` threads when it has `min_bytes` or more (numpy's copy per chunk: no thread starts a thread team).")
+    ("A copy of host tensor `src` in fresh pageable memory, its row chunks copied (and the new "
+     "pages faulted in) by `threads` threads when it has `min_bytes` or more (numpy's copy per "
+     "chunk: no thread starts a thread team).")
     out = torch.empty(src.shape, dtype=src.dtype)
     if src.nbytes < min_bytes or threads < 2 or src.ndim == 0: return out.copy_(src)
-    if not _POOL: _POOL.append(ThreadPoolExecutor(min(threads, os.cpu_count() or 1), "qwen3vl-host-copy"))
-    byte = lambda t: t.reshape(t.shape[0], -1).view(torch.uint8).numpy()   # bf16 has no numpy type; bytes do
+    if not _POOL:
+        _POOL.append(ThreadPoolExecutor(min(threads, os.cpu_count() or 1), "qwen3vl-host-copy"))
+    # bf16 has no numpy type; bytes do
+    byte = lambda t: t.reshape(t.shape[0], -1).view(torch.uint8).numpy()
     pairs = zip(out.chunk(threads), src.contiguous().chunk(threads))
     list(_POOL[0].map(lambda p: np.copyto(byte(p[0]), byte(p[1])), pairs))
     return out
 
+# %% ../nbs/08_encoder.ipynb #a639e1c8
 class HostCopy:
-    "Device tensors to fresh host memory through one pinned staging buffer, grown to the largest (`copy_rows` after)."
+    ("Device tensors to fresh host memory through one pinned staging buffer, grown to the largest "
+     "(`copy_rows` after).")
     def __init__(self, threads: int = 8): self.buf, self.threads = None, threads
 
-    def __call__(self, t: torch.Tensor) -> torch.Tensor:
-        if t.device.type == "cpu": return t
-        t = t.contiguous()
-        if self.buf is None or self.buf.numel() < t.nbytes:
-            self.buf = None   # the old buffer goes before the new one is pinned
-            self.buf = torch.empty(t.nbytes, dtype=torch.uint8, pin_memory=True)
-        stage = self.buf[:t.nbytes].view(t.dtype).view(t.shape)
-        stage.copy_(t, non_blocking=True)
-        torch.cuda.current_stream(t.device).synchronize()   # the copy done before the buffer is read
-        return copy_rows(stage, self.threads)
+# %% ../nbs/08_encoder.ipynb #c692883d
+@patch
+def __call__(self: HostCopy, t: torch.Tensor) -> torch.Tensor:
+    if t.device.type == "cpu": return t
+    t = t.contiguous()
+    if self.buf is None or self.buf.numel() < t.nbytes:
+        self.buf = None   # the old buffer goes before the new one is pinned
+        self.buf = torch.empty(t.nbytes, dtype=torch.uint8, pin_memory=True)
+    stage = self.buf[:t.nbytes].view(t.dtype).view(t.shape)
+    stage.copy_(t, non_blocking=True)
+    torch.cuda.current_stream(t.device).synchronize()   # the copy done before the buffer is read
+    return copy_rows(stage, self.threads)
 
 # %% ../nbs/08_encoder.ipynb #ea192da2
 class Encoder(nn.Module):
-    "The Qwen3-VL layer-N encoder: replicated vision tower, tensor-parallel text decoder cut at `cfg.selected_layer`."
+    ("The Qwen3-VL layer-N encoder: replicated vision tower, tensor-parallel text decoder cut at "
+     "`cfg.selected_layer`.")
     is_loaded = True   # this rank holds weights (a `NotMember` holds none)
     def __init__(self, cfg: EncoderConfig, group: Group | None = None, reduce: str = "fp32",
-                 dtype=torch.bfloat16, device=None, mode: str = "exact", fast: FastConfig | None = None):
+                 dtype=torch.bfloat16, device=None, mode: str = "exact",
+                 fast: FastConfig | None = None):
         super().__init__()
-        self.cfg, self.group, self.dtype, self.mode = cfg, group or Group.local(), dtype, check_mode(mode)
+        self.cfg, self.group = cfg, group or Group.local()
+        self.dtype, self.mode = dtype, check_mode(mode)
         self.reduce = check_reduce(reduce)
         self.device = torch.device(device or "cpu")
         self.cfg.validate(self.group.size)
         self.vision = VisionModel(cfg.vision, dtype, self.device)
         self.text = TextModel(cfg.text, cfg.selected_layer, self.group, reduce, dtype, self.device)
-        self.offloader, self._ring = None, 2   # `offload.CpuOffload` or `.LayerwiseOffload` (`set_offload`)
+        # `offload.CpuOffload` or `.LayerwiseOffload` (`set_offload`)
+        self.offloader, self._ring = None, 2
         self.to_host = HostCopy()              # results to the CPU through its pinned buffer
-        # what `fast.apply_fast` sets: its config (None: exact mode), the symmetric-memory sums it made (CUDA, TP > 1),
-        # whether it compiled the layers, and the runners (CUDA graphs of the decoder and the vision blocks)
+        # what `fast.apply_fast` sets: its config (None: exact mode), the symmetric-memory sums it
+        # made (CUDA, TP > 1), whether it compiled the layers, and the runners (CUDA graphs of the
+        # decoder and the vision blocks)
         self.fast, self.sums, self.compiled = None, None, False
         self.runner, self.vision_runner = runners(self, None)   # exact mode's
         if mode == "fast": apply_fast(self, fast or FastConfig())
@@ -207,126 +244,156 @@ class Encoder(nn.Module):
 @patch(cls_method=True)
 def from_pretrained(cls: Encoder,
                     path,                              # an HF-format Qwen3-VL checkpoint directory
-                    selected_layer: int = 50,          # N: the output is the state after decoder layer N-1
+                    selected_layer: int = 50,   # N: the output is the state after decoder layer N-1
                     dtype=torch.bfloat16,              # the weights' and the output's dtype
-                    device=None,                       # default: this rank's CUDA device, else the CPU
-                    group: Group | None = None,        # the encoder's ranks (default: every rank of the world)
-                    reduce: str = "fp32",              # the row-parallel sums: "bf16", "fp32" or "fp32-partials"
-                    quant: str | None = None,          # None, or "fp8": online FP8 decoder projections
+                    device=None,   # default: this rank's CUDA device, else the CPU
+                    # the encoder's ranks (default: every rank of the world)
+                    group: Group | None = None,
+                    # the row-parallel sums: "bf16", "fp32" or "fp32-partials"
+                    reduce: str = "fp32",
+                    quant: str | None = None,   # None, or "fp8": online FP8 decoder projections
                     fp8_granularity: str = "channel",  # FP8 weight scales: "channel" or "tensor"
                     fp8_act: str = "token",            # FP8 activation scales: "token" or "tensor"
                     progress: bool | None = None,      # a loading bar (default: on rank 0)
-                    mode: str = "exact",               # "exact": HF's bits; "fast": fused kernels and graphs
+                    mode: str = "exact",   # "exact": HF's bits; "fast": fused kernels and graphs
                     offload: str | None = None,        # None, "cpu" or "layerwise"
                     ring: int = 2,                     # layerwise offload's device buffers
-                    fast: FastConfig | None = None,    # fast mode's settings (default `FastConfig()`)
-                   ) -> Encoder:                       # this rank's encoder; outside the group a `NotMember`
+                    # fast mode's settings (default `FastConfig()`)
+                    fast: FastConfig | None = None,
+                   ) -> Encoder:   # this rank's encoder; outside the group a `NotMember`
     "Load a checkpoint onto the encoder group; fast mode on CUDA is warmed up (`fast.warmup`)."
     if quant not in (None, "fp8"): raise ValueError(f"quant={quant!r}: choose None or 'fp8'")
     if quant: check_fp8_modes(fp8_granularity, fp8_act)
     _check_placement(offload, mode, ring)
     cfg, blocks = EncoderConfig.from_hf(path, selected_layer), checkpoint_format(path)
-    if quant and blocks: raise ValueError(f"{path} is a block-FP8 checkpoint (config.json's quantization_config): it "
-                                          "loads as FP8 by itself; drop quant='fp8'")
+    if quant and blocks:
+        raise ValueError(f"{path} is a block-FP8 checkpoint (config.json's quantization_config): "
+                         "it loads as FP8 by itself; drop quant='fp8'")
     group = group or encoder_group()
     if not group.is_member: return NotMember(group, cfg)
     if device is None:
-        device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else "cpu"
-    fp8_gemms = blocks is not None and block_kernel(device) == "scaled_mm"   # else dequantized to `dtype` on load
-    with projections_on_meta() if fp8_gemms else contextlib.nullcontext():   # never a bf16 copy of FP8 projections
-        enc = cls(cfg, group, reduce, dtype, "cpu" if offload else device)   # offloaded: into host memory
+        cuda = torch.cuda.is_available()
+        device = torch.device("cuda", torch.cuda.current_device()) if cuda else "cpu"
+    # else dequantized to `dtype` on load
+    fp8_gemms = blocks is not None and block_kernel(device) == "scaled_mm"
+    # never a bf16 copy of FP8 projections
+    with projections_on_meta() if fp8_gemms else contextlib.nullcontext():
+        # offloaded: into host memory
+        enc = cls(cfg, group, reduce, dtype, "cpu" if offload else device)
     if fp8_gemms:
         fp8 = {k for k, e in check_checkpoint(path, enc).items() if e.scale}
         block_fp8_model_(enc.text, blocks.block, fp8, device=enc.device)
-    if offload and not quant: enc.device = torch.device(device); enc.set_offload(offload, ring)   # read into them
-    enc.load_stats = load_checkpoint(enc, path, progress=group.rank == 0 if progress is None else progress,
-                                     group=group)
+    # read into them
+    if offload and not quant: enc.device = torch.device(device); enc.set_offload(offload, ring)
+    progress = group.rank == 0 if progress is None else progress
+    enc.load_stats = load_checkpoint(enc, path, progress=progress, group=group)
     # online FP8: the decoder projections only, quantized from the loaded weights (then offloaded)
     if quant == "fp8": quantize_model_(enc.text, fp8_granularity, fp8_act)
-    if mode == "fast": apply_fast(enc, fast or FastConfig())   # after FP8: it swaps the layers FP8 made too
+    # after FP8: it swaps the layers FP8 made too
+    if mode == "fast": apply_fast(enc, fast or FastConfig())
     if offload and quant: enc.device = torch.device(device); enc.set_offload(offload, ring)
-    elif enc.mode == "fast" and enc.fast.warmup: enc.warmup_s = warmup(enc)   # CUDA: no later call compiles
+    # CUDA: no later call compiles
+    elif enc.mode == "fast" and enc.fast.warmup: enc.warmup_s = warmup(enc)
     return enc
 
-# %% ../nbs/08_encoder.ipynb #fc008991
+# %% ../nbs/08_encoder.ipynb #4dfabe8a
 @patch
 @_serialised
 @torch.inference_mode()
 def forward(self: Encoder, input_ids: torch.Tensor, pixel_values=None, image_grid_thw=None,
-            pixel_values_videos=None, video_grid_thw=None, output_device="cpu", **processor) -> torch.Tensor:
-    "`encode` as a module call: `enc(...)` runs the module's hooks around it (accelerate's offload hooks too)."
-    return self._forward([as_prompt(self.cfg, input_ids, pixel_values, image_grid_thw, pixel_values_videos,
-                                    video_grid_thw, **processor)], output_device)[0]
+            pixel_values_videos=None, video_grid_thw=None, output_device="cpu",
+            **processor) -> torch.Tensor:
+    ("`encode` as a module call: `enc(...)` runs the module's hooks around it (accelerate's "
+     "offload hooks too).")
+    prompt = as_prompt(self.cfg, input_ids, pixel_values, image_grid_thw, pixel_values_videos,
+                       video_grid_thw, **processor)
+    return self._forward([prompt], output_device)[0]
 
+# %% ../nbs/08_encoder.ipynb #24dce64f
 @patch
 def encode(self: Encoder,
            input_ids: torch.Tensor,    # token ids [seq] (or [1, seq])
-           pixel_values=None,          # image patches [n_patches, patch_dim], as HF's processor makes them
+           pixel_values=None,   # image patches [n_patches, patch_dim], as HF's processor makes them
            image_grid_thw=None,        # (t, h, w) in patches, a row per image
            pixel_values_videos=None,   # video patches, as `pixel_values`
            video_grid_thw=None,        # (t, h, w) in patches, a row per video
            output_device="cpu",        # "cpu", or this encoder's device
-           **processor,                # an HF processor's `attention_mask` and `mm_token_type_ids`, checked
+           **processor,   # an HF processor's `attention_mask` and `mm_token_type_ids`, checked
           ) -> torch.Tensor:           # [seq, hidden] in the model dtype
     "One prompt's unnormalized state after decoder layer `selected_layer-1`."
-    return self(input_ids, pixel_values, image_grid_thw, pixel_values_videos, video_grid_thw, output_device,
-                **processor)
+    return self(input_ids, pixel_values, image_grid_thw, pixel_values_videos, video_grid_thw,
+                output_device, **processor)
 
+# %% ../nbs/08_encoder.ipynb #25ed8ac3
 @patch
 @_serialised
 @torch.inference_mode()
 def encode_batch(self: Encoder,
-                 prompts: Iterable[dict],   # a dict of `encode`'s arguments per prompt: a list, or any iterable
+                 # a dict of `encode`'s arguments per prompt: a list, or any iterable
+                 prompts: Iterable[dict],
                  output_device="cpu",       # as `encode`'s
                 ) -> list[torch.Tensor]:    # [seq_i, hidden] each
-    ("`encode` of each prompt, as one packed forward: the prompts concatenated, each attending only to itself, no "
-     "padding.")
-    one = isinstance(prompts, (dict, str)) or not isinstance(prompts, Iterable)   # not a list of prompts
+    ("`encode` of each prompt, as one packed forward: the prompts concatenated, each attending "
+     "only to itself, no padding.")
+    # not a list of prompts
+    one = isinstance(prompts, (dict, str)) or not isinstance(prompts, Iterable)
     ps = [prompts] if one else list(prompts)
     if one or not ps or not all(isinstance(p, dict) for p in ps):
         what = ("nothing" if not ps else f"a {type(prompts).__name__}" if one
-                else f"a {type(next(p for p in ps if not isinstance(p, dict))).__name__} among them")
-        raise ValueError(f"encode_batch takes a non-empty list (or iterable) of prompts, each a dict of encode's "
-                         f"arguments; got {what}")
+                else f"a {type(next(p for p in ps if not isinstance(p, dict))).__name__} among "
+                     "them")
+        raise ValueError("encode_batch takes a non-empty list (or iterable) of prompts, each a "
+                         f"dict of encode's arguments; got {what}")
     return self._forward([as_prompt(self.cfg, **p) for p in ps], output_device)
 
-# %% ../nbs/08_encoder.ipynb #a3d2a688
+# %% ../nbs/08_encoder.ipynb #1e1d6aac
 @patch
 @contextlib.contextmanager
 def _weights_placed(self: Encoder):
-    "Within: the weights where the model reads them (offload='cpu', offloaded: on the device for this call only)."
+    ("Within: the weights where the model reads them (offload='cpu', offloaded: on the device for "
+     "this call only).")
     o = self.offloader
     lend = self.offload == "cpu" and not o.on_device
     if lend: o.load_to_device()
     try:
-        with no_graphs(self.runner, self.vision_runner) if lend else contextlib.nullcontext(): yield   # no graphs
+        # no graphs
+        with no_graphs(self.runner, self.vision_runner) if lend else contextlib.nullcontext(): yield
     except BaseException:
-        if self.offload == "layerwise": o.unbind()   # a pass that raised half-way left a layer in the ring
+        # a pass that raised half-way left a layer in the ring
+        if self.offload == "layerwise": o.unbind()
         raise
     finally:
         if lend: o.offload_to_cpu()
 
+# %% ../nbs/08_encoder.ipynb #204df487
 @patch
 def _output_device(self: Encoder, where) -> torch.device:
-    "`output_device` checked: the CPU or this encoder's device (`cuda` names any index of it); else `ValueError`."
+    ("`output_device` checked: the CPU or this encoder's device (`cuda` names any index of it); "
+     "else `ValueError`.")
     try: d = torch.device(where)
     except (RuntimeError, TypeError): d = None
-    if d is None or d.type != "cpu" and (d.type != self.device.type or d.index not in (None, self.device.index)):
-        raise ValueError(f"output_device={where!r}: choose 'cpu' or this encoder's device ({self.device}); "
-                         "move the result yourself to put it anywhere else")
+    if d is None or d.type != "cpu" and (d.type != self.device.type
+                                         or d.index not in (None, self.device.index)):
+        raise ValueError(f"output_device={where!r}: choose 'cpu' or this encoder's device "
+                         f"({self.device}); move the result yourself to put it anywhere else")
     return self.device if d.type == self.device.type else d
 
+# %% ../nbs/08_encoder.ipynb #45124b57
 @patch
 def _forward(self: Encoder, prompts: list[dict], output_device="cpu") -> list[torch.Tensor]:
-    "Checked prompts -> their states on `output_device`: one embedding, vision and decoder pass over them packed."
+    ("Checked prompts -> their states on `output_device`: one embedding, vision and decoder pass "
+     "over them packed.")
     to, lens = self._output_device(output_device), [len(p["input_ids"]) for p in prompts]
     with self._weights_placed(): out = self._run(prompts, lens)
-    out = self.to_host(out) if to.type == "cpu" else out.clone()   # a graph's output is overwritten by the next
+    # a graph's output is overwritten by the next
+    out = self.to_host(out) if to.type == "cpu" else out.clone()
     return list(out.split(lens))
 
+# %% ../nbs/08_encoder.ipynb #961b3ce4
 @patch
 def _run(self: Encoder, prompts: list[dict], lens: list[int]) -> torch.Tensor:
-    "`_forward` with the weights placed (`lens`: the prompts' lengths): the packed states, on the device."
+    ("`_forward` with the weights placed (`lens`: the prompts' lengths): the packed states, on "
+     "the device.")
     ids = torch.cat([p["input_ids"] for p in prompts]).to(self.device, torch.long)
     h = self.text.embed_tokens(ids)
     image_mask, video_mask = placeholder_masks(ids, self.cfg)
@@ -334,28 +401,34 @@ def _run(self: Encoder, prompts: list[dict], lens: list[int]) -> torch.Tensor:
     for kind, pv, grid, mask in (("image", "pixel_values", "image_grid_thw", image_mask),
                                  ("video", "pixel_values_videos", "video_grid_thw", video_mask)):
         have = [p for p in prompts if p[pv] is not None]
-        if not have: continue   # the prompts' images (videos) in order: one vision tower call for all of them
+        # the prompts' images (videos) in order: one vision tower call for all of them
+        if not have: continue
         pixels = have[0][pv] if len(have) == 1 else torch.cat([p[pv] for p in have])
         grids = (have[0][grid] if len(have) == 1
                  else torch.cat([torch.as_tensor(p[grid]).reshape(-1, 3) for p in have]))
         merged, deep[kind] = self.vision_runner(pixels.to(self.device), grids)
         h = scatter_visual(h, mask, merged)
-    visual_mask, deepstack = merge_deepstack(image_mask, video_mask, deep.get("image"), deep.get("video"))
-    positions = torch.cat([rope_index(p["input_ids"].long(), self.cfg, p["image_grid_thw"], p["video_grid_thw"])
-                           for p in prompts], 1).to(self.device)   # M-RoPE positions: each prompt from 0
-    rows = None if visual_mask is None else visual_mask.nonzero()[:, 0]   # indices, not a mask: graphs need no sync
+    visual_mask, deepstack = merge_deepstack(image_mask, video_mask, deep.get("image"),
+                                             deep.get("video"))
+    # M-RoPE positions: each prompt from 0
+    positions = torch.cat([rope_index(p["input_ids"].long(), self.cfg, p["image_grid_thw"],
+                                      p["video_grid_thw"]) for p in prompts], 1).to(self.device)
+    # indices, not a mask: graphs need no sync
+    rows = None if visual_mask is None else visual_mask.nonzero()[:, 0]
     return self.runner(h, positions, rows, deepstack, lens)
 
-# %% ../nbs/08_encoder.ipynb #2863fc14
+# %% ../nbs/08_encoder.ipynb #cd66951c
 @patch(as_prop=True)
 def offload(self: Encoder) -> str | None:
     "Where the weights live: None (on `device`), 'cpu' or 'layerwise' (`set_offload`)."
     return None if self.offloader is None else self.offloader.kind
 
+# %% ../nbs/08_encoder.ipynb #abac82bd
 @patch
 def set_offload(self: Encoder, offload: str | None, ring: int = 2) -> "Encoder":
-    ("Move the weights: None (all on `device`), 'cpu' (pinned host memory; `load_to_device`, `offload_to_cpu`) "
-     "or 'layerwise' (decoder layers streamed through `ring` device buffers, the rest on `device`).")
+    ("Move the weights: None (all on `device`), 'cpu' (pinned host memory; `load_to_device`, "
+     "`offload_to_cpu`) or 'layerwise' (decoder layers streamed through `ring` device buffers, "
+     "the rest on `device`).")
     _check_placement(offload, self.mode, ring)
     host = self.offloader.release() if self.offloader else {}   # the packed host copies are reused
     self.offloader, self._ring = None, ring
@@ -366,22 +439,28 @@ def set_offload(self: Encoder, offload: str | None, ring: int = 2) -> "Encoder":
     else:
         for m in (resident | ({} if offload else layers)).values(): m.to(self.device)
         if offload: self.offloader = LayerwiseOffload(self.text.layers, self.device, ring, host)
-    if self.device.type == "cuda": torch.cuda.empty_cache()   # what moved off the device is free for others
+    # what moved off the device is free for others
+    if self.device.type == "cuda": torch.cuda.empty_cache()
     return self
 
+# %% ../nbs/08_encoder.ipynb #a6d03d6d
 @patch
 def _cpu_offload(self: Encoder, what: str) -> CpuOffload:
     if self.offload != "cpu":
-        raise RuntimeError(f"{what} moves the weights of an encoder with offload='cpu', this one has offload="
-                           f"{self.offload!r}: use from_pretrained(..., offload='cpu') or set_offload('cpu')")
+        raise RuntimeError(f"{what} moves the weights of an encoder with offload='cpu', this one "
+                           f"has offload={self.offload!r}: use from_pretrained(..., offload='cpu') "
+                           "or set_offload('cpu')")
     return self.offloader
 
+# %% ../nbs/08_encoder.ipynb #f5ad0342
 @patch
 def load_to_device(self: Encoder) -> "Encoder":
-    "offload='cpu': copy the weights from pinned host memory to `device`, where they stay until `offload_to_cpu`."
+    ("offload='cpu': copy the weights from pinned host memory to `device`, where they stay until "
+     "`offload_to_cpu`.")
     self._cpu_offload("load_to_device").load_to_device()
     return self
 
+# %% ../nbs/08_encoder.ipynb #f0e4b034
 @patch
 def offload_to_cpu(self: Encoder) -> "Encoder":
     "offload='cpu': let the device copy of the weights go (the pinned host copy stays)."
@@ -389,21 +468,27 @@ def offload_to_cpu(self: Encoder) -> "Encoder":
     self._drop_graphs()   # they read the device copy
     return self
 
+# %% ../nbs/08_encoder.ipynb #c847d439
 @patch(as_prop=True)
 def _loaded_copy(self: Encoder) -> bool:
-    "offload='cpu' with its weights loaded to a device other than the CPU (the host copy is the one kept)."
+    ("offload='cpu' with its weights loaded to a device other than the CPU (the host copy is the "
+     "one kept).")
     return self.offload == "cpu" and self.offloader.on_device and self.device.type != "cpu"
 
+# %% ../nbs/08_encoder.ipynb #be34979e
 @patch
 def _drop_graphs(self: Encoder):
     "Forget the captured CUDA graphs: they hold the addresses of weights that moved."
     self.runner.clear(); self.vision_runner.clear()
 
+# %% ../nbs/08_encoder.ipynb #afc7a258
 @patch
-# `.to`, `.cuda`, `.float`, `.half`, ... all go through `nn.Module._apply`, and no public hook runs after a move:
-# overriding it is the one place that sees every move (a public post-move hook on nn.Module would replace this).
+# `.to`, `.cuda`, `.float`, `.half`, ... all go through `nn.Module._apply`, and no public hook runs
+# after a move: overriding it is the one place that sees every move (a public post-move hook on
+# nn.Module would replace this).
 def _apply(self: Encoder, fn, recurse=True):
-    "`.to`, `.cuda`, `.float`, ... as `nn.Module`'s, keeping `device` and `dtype`; offloaded: only `device` moves."
+    ("`.to`, `.cuda`, `.float`, ... as `nn.Module`'s, keeping `device` and `dtype`; offloaded: "
+     "only `device` moves.")
     if self.offloader is None:
         nn.Module._apply(self, fn, recurse)
         w = self.text.embed_tokens.weight
@@ -413,8 +498,9 @@ def _apply(self: Encoder, fn, recurse=True):
     here = torch.empty(0, dtype=self.dtype, device=self.device)
     to = fn(here)   # where and what `fn` makes a weight
     if to.dtype != self.dtype:
-        raise ValueError(f"offload={self.offload!r}: the weights stay {self.dtype} in host memory; to cast them, "
-                         "set_offload(None) first, or load the encoder with that dtype")
+        raise ValueError(f"offload={self.offload!r}: the weights stay {self.dtype} in host memory; "
+                         "to cast them, set_offload(None) first, or load the encoder with that "
+                         "dtype")
     if to.device != here.device:   # (cuda and cuda:0 are one device)
         on = self._loaded_copy
         self.device = to.device
@@ -425,8 +511,9 @@ def _apply(self: Encoder, fn, recurse=True):
 # %% ../nbs/08_encoder.ipynb #cf3659fd
 @patch
 def load_weights(self: Encoder, pairs: Iterable) -> "Encoder":
-    ("Fill the encoder from `(HF name, tensor)` pairs of any source, checked as `from_pretrained` checks a "
-     "checkpoint: each tensor known, once, of the right shape, and none missing (the same message).")
+    ("Fill the encoder from `(HF name, tensor)` pairs of any source, checked as `from_pretrained` "
+     "checks a checkpoint: each tensor known, once, of the right shape, and none missing (the "
+     "same message).")
     want, seen = checkpoint_tensors(self), set()
     def named():
         for name, t in pairs:
@@ -434,10 +521,13 @@ def load_weights(self: Encoder, pairs: Iterable) -> "Encoder":
     reload = self._loaded_copy
     if reload: self.offload_to_cpu()   # fill the host copy, the one that is kept
     try: fill_weights(self, named())
-    except RuntimeError:   # a parameter not filled: name the missing tensors as from_pretrained does
-        if missing := sorted(want.keys() - seen): raise ValueError(_missing_message(missing, want)) from None
+    # a parameter not filled: name the missing tensors as from_pretrained does
+    except RuntimeError:
+        if missing := sorted(want.keys() - seen):
+            raise ValueError(_missing_message(missing, want)) from None
         raise
     finally:
-        if self.offload == "layerwise": self.offloader.invalidate()   # the ring holds copies of the old weights
+        # the ring holds copies of the old weights
+        if self.offload == "layerwise": self.offloader.invalidate()
         if reload: self.load_to_device()
     return self

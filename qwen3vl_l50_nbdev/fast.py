@@ -17,6 +17,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 import torch
 import torch.nn as nn
+from fastcore.basics import patch
 from .settings import MODES
 from .dist import SymmetricSums, ONE_SHOT_BYTES, EXCHANGE_BYTES
 from .tp import REDUCES
@@ -31,163 +32,201 @@ def check_mode(mode: str) -> str:
     if mode not in MODES: raise ValueError(f"mode={mode!r}: choose one of {MODES}")
     return mode
 
-# %% ../nbs/08a_fast.ipynb #48b345d1
+# %% ../nbs/08a_fast.ipynb #a2cdfe35
 PAD = 16            # rows: a graphed prompt is padded to a multiple of this
-GRAPH_ROWS = 1536   # rows: exact mode replays CUDA graphs up to here (one per length); longer runs as it is
-FAST_GRAPH_ROWS = 1024   # rows: fast mode's graphs up to here, where they still pay (`analysis/09_startup`)
+# rows: exact mode replays CUDA graphs up to here (one per length); longer runs as it is
+GRAPH_ROWS = 1536
+# rows: fast mode's graphs up to here, where they still pay (`analysis/09_startup`)
+FAST_GRAPH_ROWS = 1024
 
 def pad_to(n: int, multiple: int = PAD) -> int:
     "`n` rows rounded up to a multiple of `multiple`."
     if n < 1: raise ValueError(f"a prompt of {n} tokens")
     return -(-n // multiple) * multiple
 
+# %% ../nbs/08a_fast.ipynb #3c545280
 def pad(h: torch.Tensor, positions: torch.Tensor, length: int) -> tuple[torch.Tensor, torch.Tensor]:
-    "`h` [seq, H] and `positions` [3, seq] padded to `length` rows at the end (zeros; positions continuing the text)."
+    ("`h` [seq, H] and `positions` [3, seq] padded to `length` rows at the end (zeros; positions "
+     "continuing the text).")
     n = h.shape[0]
     if length == n: return h, positions
     extra = torch.arange(1, length - n + 1, device=positions.device) + positions.max()
-    return torch.cat([h, h.new_zeros(length - n, h.shape[1])]), torch.cat([positions, extra.expand(3, -1)], 1)
+    return (torch.cat([h, h.new_zeros(length - n, h.shape[1])]),
+            torch.cat([positions, extra.expand(3, -1)], 1))
 
-# %% ../nbs/08a_fast.ipynb #161bb30a
+# %% ../nbs/08a_fast.ipynb #2bb03f0c
 class _Graph:
     "One captured call: its static inputs, the graph, and its outputs."
-    def __init__(self, inputs: list, graph, out): self.inputs, self.graph, self.out = inputs, graph, out
+    def __init__(self, inputs: list, graph, out):
+        self.inputs, self.graph, self.out = inputs, graph, out
 
 class Graphs:
-    "CUDA graphs of calls, one per key, in an LRU cache of at most `max_graphs`, sharing one memory pool."
+    ("CUDA graphs of calls, one per key, in an LRU cache of at most `max_graphs`, sharing one "
+     "memory pool.")
     def __init__(self, max_graphs: int = 16):
         self.max_graphs, self.cache, self.pool, self.captures = max_graphs, OrderedDict(), None, 0
-
     def __call__(self, key, fn, inputs: list[torch.Tensor]):
-        "`fn(*inputs)`, replayed from the graph of `key` (captured on its first call): outputs in the graph's memory."
+        ("`fn(*inputs)`, replayed from the graph of `key` (captured on its first call): outputs "
+         "in the graph's memory.")
         g = self.cache[key] if key in self.cache else self._capture(key, fn, inputs)
         self.cache.move_to_end(key)
         for static, new in zip(g.inputs, inputs): static.copy_(new)
         g.graph.replay()
         return g.out
-
-    def _capture(self, key, fn, inputs) -> _Graph:
-        static = [t.clone() for t in inputs]
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
-            for _ in range(2): fn(*static)     # warm-up off the capture: cuBLAS workspaces, compilation, autotuning
-        torch.cuda.current_stream().wait_stream(side)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self.pool): out = fn(*static)
-        self.pool, self.captures = graph.pool(), self.captures + 1
-        if len(self.cache) >= self.max_graphs: self.cache.popitem(last=False)
-        self.cache[key] = _Graph(static, graph, out)
-        return self.cache[key]
-
     def clear(self):
-        "Forget every graph (they read the weights where they were at capture: call this when they move)."
+        ("Forget every graph (they read the weights where they were at capture: call this when "
+         "they move).")
         self.cache.clear(); self.pool = None
-
     def __len__(self) -> int: return len(self.cache)
 
+# %% ../nbs/08a_fast.ipynb #44f3a59f
+@patch
+def _capture(self: Graphs, key, fn, inputs) -> _Graph:
+    static = [t.clone() for t in inputs]
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        # warm-up off the capture: cuBLAS workspaces, compilation, autotuning
+        for _ in range(2): fn(*static)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, pool=self.pool): out = fn(*static)
+    self.pool, self.captures = graph.pool(), self.captures + 1
+    if len(self.cache) >= self.max_graphs: self.cache.popitem(last=False)
+    self.cache[key] = _Graph(static, graph, out)
+    return self.cache[key]
+
+# %% ../nbs/08a_fast.ipynb #417dac42
 def hooked(modules) -> bool:
-    ("Has any of `modules` a forward hook? A CUDA graph's replay or the overlapped schedule would skip it: such a "
-     "model runs `forward`, eagerly.")
+    ("Has any of `modules` a forward hook? A CUDA graph's replay or the overlapped schedule would "
+     "skip it: such a model runs `forward`, eagerly.")
     return any(m._forward_hooks or m._forward_pre_hooks for m in modules)
 
+# %% ../nbs/08a_fast.ipynb #b0d39fca
 class _Hooks:
-    ("Has a model or a submodule forward hooks? A replayed graph would skip them: such a model runs eagerly. The "
-     "module list is taken on the first call (walking 550 modules on every call cost a 50-layer decoder ~1 ms).")
+    ("Has a model or a submodule forward hooks? A replayed graph would skip them: such a model "
+     "runs eagerly. The module list is taken on the first call (walking 550 modules on every call "
+     "cost a 50-layer decoder ~1 ms).")
     def __init__(self, model: nn.Module): self.model, self.mods = model, None
     def __call__(self) -> bool:
         if self.mods is None: self.mods = list(self.model.modules())
         return hooked(self.mods)
 
+# %% ../nbs/08a_fast.ipynb #40f720a7
 class _Runner:
-    ("What the runners share: their graphs, whether to use them, the hook check, and the signatures met once (a graph "
-     "is captured on a signature's second call: one met once costs no capture).")
+    ("What the runners share: their graphs, whether to use them, the hook check, and the "
+     "signatures met once (a graph is captured on a signature's second call: one met once costs "
+     "no capture).")
     def __init__(self, model: nn.Module, graphs: bool, max_graphs: int):
-        self.use_graphs, self.graphs, self.hooked, self.seen = graphs, Graphs(max_graphs), _Hooks(model), set()
-
+        self.use_graphs, self.graphs = graphs, Graphs(max_graphs)
+        self.hooked, self.seen = _Hooks(model), set()
     def eager(self, x: torch.Tensor) -> bool:
         "Run the model itself, not a graph: on the CPU, with graphs off, or with hooks."
         return not (x.is_cuda and self.use_graphs) or self.hooked()
-
-    def replay(self, key, fn, inputs: list[torch.Tensor]):
-        "`fn(*inputs)` replayed from the graph of `key`; a key met for the first time runs as it is."
-        if key in self.graphs.cache or key in self.seen: return self.graphs(key, fn, inputs)
-        if len(self.seen) >= 4096: self.seen.clear()   # bounded: a packed dataset brings a new signature a batch
-        self.seen.add(key)
-        return fn(*inputs)
-
     def clear(self):
         "Forget the graphs and the module list (after the weights moved, or modules were replaced)."
         self.graphs.clear(); self.hooked.mods = None; self.seen.clear()
 
+# %% ../nbs/08a_fast.ipynb #0cbd6dcc
+@patch
+def replay(self: _Runner, key, fn, inputs: list[torch.Tensor]):
+    "`fn(*inputs)` replayed from the graph of `key`; a key met for the first time runs as it is."
+    if key in self.graphs.cache or key in self.seen: return self.graphs(key, fn, inputs)
+    # bounded: a packed dataset brings a new signature a batch
+    if len(self.seen) >= 4096: self.seen.clear()
+    self.seen.add(key)
+    return fn(*inputs)
+
+# %% ../nbs/08a_fast.ipynb #41af3fa4
 class TextRunner(_Runner):
-    ("Runs a `TextModel` on rows padded to a multiple of `pad`: eagerly on the CPU; on CUDA replayed from a CUDA graph "
-     "per signature up to `graph_rows` rows (None: any), longer as they are; from `overlap_from` rows the "
-     "overlapped schedule (`overlap.overlapped`) with `stages` and `sums`.")
-    def __init__(self, text: nn.Module, pad: int = 1, graphs: bool = True, graph_rows: int | None = None,
-                 max_graphs: int | None = None, overlap_from: int | None = None, stages: tuple = STAGES, sums=None):
+    ("Runs a `TextModel` on rows padded to a multiple of `pad`: eagerly on the CPU; on CUDA "
+     "replayed from a CUDA graph per signature up to `graph_rows` rows (None: any), longer as "
+     "they are; from `overlap_from` rows the overlapped schedule (`overlap.overlapped`) with "
+     "`stages` and `sums`.")
+    def __init__(self, text: nn.Module, pad: int = 1, graphs: bool = True,
+                 graph_rows: int | None = None, max_graphs: int | None = None,
+                 overlap_from: int | None = None, stages: tuple = STAGES, sums=None):
         # room for every graphed text length and as many other signatures besides
         super().__init__(text, graphs, max_graphs or (graph_rows // pad if graph_rows else 64) + 32)
         self.text, self.pad, self.graph_rows = text, pad, graph_rows
         self.overlap_from, self.stages, self.sums = overlap_from, stages, sums
-
     def rows(self, n: int) -> int:
         "The rows a call of `n` rows runs at: `pad_to(n, pad)`."
         return pad_to(n, self.pad)
 
-    def __call__(self, h: torch.Tensor, positions: torch.Tensor, visual_idx: torch.Tensor | None = None,
-                 deepstack: list | None = None, lens: list[int] | None = None) -> torch.Tensor:
-        "The model's output for `h` [seq, H] (the first `seq` rows of it, when padded); `lens`: packed prompts."
-        n, rows = h.shape[0], self.rows(h.shape[0])
-        if rows > n:   # the padding joins the last prompt, after its tokens: they never see it
-            h, positions = pad(h, positions, rows)
-            if lens: lens = [*lens[:-1], lens[-1] + rows - n]
-        # the packed lengths as a tensor: compiled layers take any number of prompts without compiling again
-        lens = torch.tensor(lens) if lens and len(lens) > 1 else None
-        args = [h, positions, visual_idx, list(deepstack) if deepstack else None]
-        if self.eager(h) or self.graph_rows is not None and rows > self.graph_rows:
-            return self.model(*args, lens)[:n]
-        key = (rows, None if visual_idx is None else visual_idx.numel(), len(deepstack or ()),
-               None if lens is None else tuple(lens.tolist()))
-        return self.replay(key, lambda *ts: self.model(*_unflat(list(ts), args), lens), _flat(args))[:n]
+# %% ../nbs/08a_fast.ipynb #64374d41
+@patch
+def __call__(self: TextRunner, h: torch.Tensor, positions: torch.Tensor,
+             visual_idx: torch.Tensor | None = None, deepstack: list | None = None,
+             lens: list[int] | None = None) -> torch.Tensor:
+    ("The model's output for `h` [seq, H] (the first `seq` rows of it, when padded); `lens`: "
+     "packed prompts.")
+    n, rows = h.shape[0], self.rows(h.shape[0])
+    if rows > n:   # the padding joins the last prompt, after its tokens: they never see it
+        h, positions = pad(h, positions, rows)
+        if lens: lens = [*lens[:-1], lens[-1] + rows - n]
+    # the packed lengths as a tensor: compiled layers take any number of prompts without compiling
+    # again
+    lens = torch.tensor(lens) if lens and len(lens) > 1 else None
+    args = [h, positions, visual_idx, list(deepstack) if deepstack else None]
+    if self.eager(h) or self.graph_rows is not None and rows > self.graph_rows:
+        return self.model(*args, lens)[:n]
+    key = (rows, None if visual_idx is None else visual_idx.numel(), len(deepstack or ()),
+           None if lens is None else tuple(lens.tolist()))
+    return self.replay(key, lambda *ts: self.model(*_unflat(list(ts), args), lens), _flat(args))[:n]
 
-    def model(self, h: torch.Tensor, positions: torch.Tensor, visual_idx=None, deepstack=None, lens=None):
-        "The text model's `forward`; from `overlap_from` rows the overlapped schedule (not with hooks: it skips them)."
-        if self.overlap_from is not None and h.shape[0] >= self.overlap_from and not self.hooked():
-            return overlapped(self.text, h, positions, visual_idx, deepstack, lens, self.stages, self.sums)
-        return self.text(h, positions, visual_idx, deepstack, lens)
+# %% ../nbs/08a_fast.ipynb #6bb0be7e
+@patch
+def model(self: TextRunner, h: torch.Tensor, positions: torch.Tensor, visual_idx=None,
+          deepstack=None, lens=None):
+    ("The text model's `forward`; from `overlap_from` rows the overlapped schedule (not with "
+     "hooks: it skips them).")
+    if self.overlap_from is not None and h.shape[0] >= self.overlap_from and not self.hooked():
+        return overlapped(self.text, h, positions, visual_idx, deepstack, lens, self.stages,
+                          self.sums)
+    return self.text(h, positions, visual_idx, deepstack, lens)
 
+# %% ../nbs/08a_fast.ipynb #9dfe5bc2
 class VisionRunner(_Runner):
-    ("Runs a `VisionModel`: eagerly (CPU), or its blocks and mergers from CUDA graphs cached per list of frame sizes "
-     "(from a size's second call); several frames as they are unless `graph_frames`.")
-    def __init__(self, vision: nn.Module, graphs: bool = True, max_graphs: int = 8, graph_frames: bool = True):
+    ("Runs a `VisionModel`: eagerly (CPU), or its blocks and mergers from CUDA graphs cached per "
+     "list of frame sizes (from a size's second call); several frames as they are unless "
+     "`graph_frames`.")
+    def __init__(self, vision: nn.Module, graphs: bool = True, max_graphs: int = 8,
+                 graph_frames: bool = True):
         super().__init__(vision, graphs, max_graphs)
         self.vision, self.graph_frames = vision, graph_frames
-
-    def __call__(self, pixel_values: torch.Tensor, grid_thw) -> tuple[torch.Tensor, list[torch.Tensor]]:
-        "`vision(pixel_values, grid_thw)`: the merged tokens and the DeepStack features, tensors of their own."
+    def __call__(self, pixel_values: torch.Tensor,
+                 grid_thw) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        ("`vision(pixel_values, grid_thw)`: the merged tokens and the DeepStack features, tensors "
+         "of their own.")
         v = self.vision
         if self.eager(pixel_values): return v(pixel_values, grid_thw)
         x, cos, sin, lens = v.embed(pixel_values, grid_thw)
-        segs = torch.tensor(lens)   # a tensor: compiled blocks take any picture size without compiling again
+        # a tensor: compiled blocks take any picture size without compiling again
+        segs = torch.tensor(lens)
         if len(lens) > 1 and not self.graph_frames: return v.encode(x, cos, sin, segs)
-        merged, deep = self.replay(tuple(lens), lambda x, cos, sin: v.encode(x, cos, sin, segs), [x, cos, sin])
+        merged, deep = self.replay(tuple(lens), lambda x, cos, sin: v.encode(x, cos, sin, segs),
+                                   [x, cos, sin])
         return merged.clone(), [d.clone() for d in deep]
 
+# %% ../nbs/08a_fast.ipynb #dbbfdb03
 @contextlib.contextmanager
 def no_graphs(*runners):
-    "Within: the runners run eagerly, capturing nothing (for a call whose weights are placed for it alone)."
+    ("Within: the runners run eagerly, capturing nothing (for a call whose weights are placed for "
+     "it alone).")
     was = [r.use_graphs for r in runners]
     for r in runners: r.use_graphs = False
     try: yield
     finally:
         for r, w in zip(runners, was): r.use_graphs = w
 
+# %% ../nbs/08a_fast.ipynb #279136ce
 def _flat(args) -> list[torch.Tensor]:
     "The tensors of a `TextModel` call's arguments, in order (the DeepStack list flattened)."
     h, positions, idx, deep = args
     return [h, positions] + ([] if idx is None else [idx]) + list(deep or [])
 
+# %% ../nbs/08a_fast.ipynb #8a4fe647
 def _unflat(ts: list, like) -> list:
     "`_flat` backwards: the call's arguments from its tensors, shaped like `like`."
     h, positions, *rest = ts
@@ -195,96 +234,125 @@ def _unflat(ts: list, like) -> list:
     return [h, positions, idx, rest or None]
 
 # %% ../nbs/08a_fast.ipynb #6a9a6e15
-OVERLAP_FROM = 2048   # rows: from here on, fast mode at TP 2 runs the overlapped schedule (`overlap.overlapped`)
+# rows: from here on, fast mode at TP 2 runs the overlapped schedule (`overlap.overlapped`)
+OVERLAP_FROM = 2048
 
 @dataclass(frozen=True)
 class FastConfig:
     "What fast mode switches on (`apply_fast`); the CUDA-only parts are left out on the CPU."
-    fused: bool = True                        # q|k|v, gate|up one GEMM each; batched vision attention; patch GEMM
-    fp32: bool = True                         # norms, M-RoPE, SwiGLU and the residual stream in fp32
-    graphs: bool = True                       # CUDA graphs: the decoder up to `graph_rows`, the vision tower
+    fused: bool = True   # q|k|v, gate|up one GEMM each; batched vision attention; patch GEMM
+    fp32: bool = True   # norms, M-RoPE, SwiGLU and the residual stream in fp32
+    graphs: bool = True   # CUDA graphs: the decoder up to `graph_rows`, the vision tower
     pad: int = PAD                            # a graphed prompt's rows padded to a multiple of this
-    graph_rows: int = FAST_GRAPH_ROWS         # the longest (padded) prompt replayed from a graph; longer: as it is
-    compile: bool = True                      # decoder layers, vision blocks, overlap stages: torch.compile (CUDA)
+    # the longest (padded) prompt replayed from a graph; longer: as it is
+    graph_rows: int = FAST_GRAPH_ROWS
+    compile: bool = True   # decoder layers, vision blocks, overlap stages: torch.compile (CUDA)
     warmup: bool = True                       # `Encoder.from_pretrained` runs `warmup` (CUDA)
-    one_shot_bytes: int = ONE_SHOT_BYTES      # CUDA, TP > 1: sums up to this size in one kernel (0: NCCL's)
-    exchange_bytes: int = EXCHANGE_BYTES      # CUDA, TP 2: exchange slots of this size, and the windows (0: neither)
-    overlap_from: int | None = OVERLAP_FROM   # rows from which the overlapped schedule runs, where there is an exchange
-    cache: str | None = None                  # compiled kernels kept here across processes (`compile_cache`)
+    # CUDA, TP > 1: sums up to this size in one kernel (0: NCCL's)
+    one_shot_bytes: int = ONE_SHOT_BYTES
+    # CUDA, TP 2: exchange slots of this size, and the windows (0: neither)
+    exchange_bytes: int = EXCHANGE_BYTES
+    # rows from which the overlapped schedule runs, where there is an exchange
+    overlap_from: int | None = OVERLAP_FROM
+    cache: str | None = None   # compiled kernels kept here across processes (`compile_cache`)
 
     def __post_init__(self):
         for k in ("pad", "graph_rows"):
             if not (isinstance(getattr(self, k), int) and getattr(self, k) >= 1):
-                raise ValueError(f"FastConfig({k}={getattr(self, k)!r}): a whole number of rows >= 1")
+                raise ValueError(
+                    f"FastConfig({k}={getattr(self, k)!r}): a whole number of rows >= 1")
         if self.graph_rows % self.pad:
-            raise ValueError(f"FastConfig(graph_rows={self.graph_rows}, pad={self.pad}): graph_rows must be a multiple "
-                             "of pad (the graphed lengths are its multiples)")
+            raise ValueError(f"FastConfig(graph_rows={self.graph_rows}, pad={self.pad}): "
+                             "graph_rows must be a multiple of pad (the graphed lengths are its "
+                             "multiples)")
 
-# %% ../nbs/08a_fast.ipynb #14867c76
+# %% ../nbs/08a_fast.ipynb #58381f63
 def _sum_dtypes(enc) -> tuple:
-    "The dtypes `enc`'s sums travel in: the embedding's (the model dtype), and the row-parallel ones' (`tp.REDUCES`)."
-    return tuple(sorted({enc.dtype, REDUCES[enc.reduce].sum_dtype(enc.dtype, enc.group.size)}, key=str))
+    ("The dtypes `enc`'s sums travel in: the embedding's (the model dtype), and the row-parallel "
+     "ones' (`tp.REDUCES`).")
+    row_parallel = REDUCES[enc.reduce].sum_dtype(enc.dtype, enc.group.size)
+    return tuple(sorted({enc.dtype, row_parallel}, key=str))
 
+# %% ../nbs/08a_fast.ipynb #1f4732e6
 def sums_(enc, cfg: FastConfig | None) -> SymmetricSums | None:
-    ("Step 2: `enc`'s symmetric-memory sums for `cfg` (CUDA, TP > 1; made on every rank, kept while their sizes stay); "
-     "None: the group's collectives.")
+    ("Step 2: `enc`'s symmetric-memory sums for `cfg` (CUDA, TP > 1; made on every rank, kept "
+     "while their sizes stay); None: the group's collectives.")
     if cfg is None or enc.device.type != "cuda" or enc.group.size == 1: return None
     was = enc.fast
-    if enc.sums is not None and (was.one_shot_bytes, was.exchange_bytes) == (cfg.one_shot_bytes, cfg.exchange_bytes):
+    sizes = (cfg.one_shot_bytes, cfg.exchange_bytes)
+    if enc.sums is not None and (was.one_shot_bytes, was.exchange_bytes) == sizes:
         return enc.sums
     return SymmetricSums.make(enc.group, cfg.one_shot_bytes, cfg.exchange_bytes, _sum_dtypes(enc))
 
 # %% ../nbs/08a_fast.ipynb #f1abd19a
 def compile_(model: nn.Module) -> tuple:
-    ("Step 3, on CUDA: every decoder layer and vision block of `model` through `torch.compile`; the overlapped "
-     "schedule's stages compiled, for the runner to keep. On the CPU nothing: `STAGES` as they are.")
+    ("Step 3, on CUDA: every decoder layer and vision block of `model` through `torch.compile`; "
+     "the overlapped schedule's stages compiled, for the runner to keep. On the CPU nothing: "
+     "`STAGES` as they are.")
     if not next(model.parameters()).is_cuda: return STAGES
     for m in model.modules():
-        if isinstance(m, DecoderLayer): m.compile()          # one compiled graph per function serves every layer
-        if isinstance(m, Block): m.compile()                 # attention over several frames runs outside the graph
+        # one compiled graph per function serves every layer
+        if isinstance(m, DecoderLayer): m.compile()
+        # attention over several frames runs outside the graph
+        if isinstance(m, Block): m.compile()
     return tuple(torch.compile(f) for f in STAGES)          # FP8's partials: quantization fused
 
-# %% ../nbs/08a_fast.ipynb #eede0815
-CACHE_ENV = "QWEN3VL_L50_COMPILE_CACHE"   # the compile cache's root, unless `FastConfig.cache` names one
+# %% ../nbs/08a_fast.ipynb #d475aabc
+# the compile cache's root, unless `FastConfig.cache` names one
+CACHE_ENV = "QWEN3VL_L50_COMPILE_CACHE"
 
 def compile_cache(enc, cfg: FastConfig) -> Path:
-    ("The directory where `enc`'s compiled kernels are kept for `cfg`: under `cfg.cache`, `$QWEN3VL_L50_COMPILE_CACHE`"
-     " or `~/.cache/qwen3vl_l50_nbdev/compile`, one subdirectory per torch, CUDA, GPU and configuration.")
-    root = Path(cfg.cache or os.environ.get(CACHE_ENV) or "~/.cache/qwen3vl_l50_nbdev/compile").expanduser()
+    ("The directory where `enc`'s compiled kernels are kept for `cfg`: under `cfg.cache`, "
+     "`$QWEN3VL_L50_COMPILE_CACHE` or `~/.cache/qwen3vl_l50_nbdev/compile`, one subdirectory per "
+     "torch, CUDA, GPU and configuration.")
+    root = cfg.cache or os.environ.get(CACHE_ENV) or "~/.cache/qwen3vl_l50_nbdev/compile"
+    root = Path(root).expanduser()
     gpu = "cpu"
     if enc.device.type == "cuda":
-        gpu = torch.cuda.get_device_name(enc.device) + "-sm%d%d" % torch.cuda.get_device_capability(enc.device)
-    where = f"torch-{torch.__version__}-cuda-{torch.version.cuda}-{gpu}".replace(" ", "_").replace("/", "_")
-    what = (enc.cfg, enc.group.size, str(enc.dtype), enc.reduce, sorted({type(m).__name__ for m in enc.modules()}),
+        gpu = (torch.cuda.get_device_name(enc.device)
+               + "-sm%d%d" % torch.cuda.get_device_capability(enc.device))
+    where = f"torch-{torch.__version__}-cuda-{torch.version.cuda}-{gpu}"
+    where = where.replace(" ", "_").replace("/", "_")
+    what = (enc.cfg, enc.group.size, str(enc.dtype), enc.reduce,
+            sorted({type(m).__name__ for m in enc.modules()}),
             replace(cfg, cache=None, warmup=True))
     return root / where / hashlib.sha256(repr(what).encode()).hexdigest()[:16]
 
+# %% ../nbs/08a_fast.ipynb #64e352fe
 def keep_compiled_in(path: Path) -> Path:
     "Point inductor's and Triton's caches at `path` for this process (made if missing)."
     path.mkdir(parents=True, exist_ok=True)
-    os.environ["TORCHINDUCTOR_CACHE_DIR"], os.environ["TRITON_CACHE_DIR"] = str(path), str(path / "triton")
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(path)
+    os.environ["TRITON_CACHE_DIR"] = str(path / "triton")
     return path
 
-# %% ../nbs/08a_fast.ipynb #0d1b38a7
+# %% ../nbs/08a_fast.ipynb #7f5c657b
 def runners(enc, cfg: FastConfig | None, stages: tuple = STAGES) -> tuple:
     "Step 4: the decoder's and the vision tower's runners for `cfg` (None: exact mode's)."
-    if cfg is None: return TextRunner(enc.text, graph_rows=GRAPH_ROWS), VisionRunner(enc.vision)   # exact: unpadded
-    over = cfg.overlap_from if enc.sums is not None and enc.sums.exchange is not None else None   # TP 2: in flight
-    # several frames attend through one varlen flash call, whose offsets are copied from the host on every call: no
-    # graph can capture that, so such calls run as they are (with the same kernels every time)
-    return (TextRunner(enc.text, cfg.pad, cfg.graphs, cfg.graph_rows, overlap_from=over, stages=stages, sums=enc.sums),
+    # exact: unpadded
+    if cfg is None: return TextRunner(enc.text, graph_rows=GRAPH_ROWS), VisionRunner(enc.vision)
+    # TP 2: in flight
+    over = cfg.overlap_from if enc.sums is not None and enc.sums.exchange is not None else None
+    # several frames attend through one varlen flash call, whose offsets are copied from the host
+    # on every call: no graph can capture that, so such calls run as they are (with the same
+    # kernels every time)
+    return (TextRunner(enc.text, cfg.pad, cfg.graphs, cfg.graph_rows, overlap_from=over,
+                       stages=stages, sums=enc.sums),
             VisionRunner(enc.vision, cfg.graphs, graph_frames=False))
 
+# %% ../nbs/08a_fast.ipynb #4161b928
 def apply_fast(enc, cfg: FastConfig | None):
-    ("Fast mode `cfg` on the encoder `enc` (None: exact mode), in order: the fast modules (fused GEMMs, fp32), "
-     "symmetric-memory sums, compilation, runners. Call on every rank of its group, after FP8. Returns `enc`.")
+    ("Fast mode `cfg` on the encoder `enc` (None: exact mode), in order: the fast modules (fused "
+     "GEMMs, fp32), symmetric-memory sums, compilation, runners. Call on every rank of its group, "
+     "after FP8. Returns `enc`.")
     if enc.compiled and (cfg is None or not cfg.compile):
-        raise ValueError("this encoder's layers are compiled (fast mode on CUDA) and stay so: build another encoder "
-                         "for exact mode or a FastConfig with compile=False")
+        raise ValueError("this encoder's layers are compiled (fast mode on CUDA) and stay so: "
+                         "build another encoder for exact mode or a FastConfig with compile=False")
     # the fast modules (and with them the compiler) are imported here: exact mode never loads them
     from qwen3vl_l50_nbdev.fast_layers import exact_, fuse_, fp32_, attach_sums_, eager_attention_
     exact_(enc)
-    # packed prompts up to graph_rows attend one flash call a prompt: a CUDA graph cannot capture a varlen call
+    # packed prompts up to graph_rows attend one flash call a prompt: a CUDA graph cannot capture a
+    # varlen call
     if cfg is not None and cfg.fused: fuse_(enc, cfg.graph_rows if cfg.graphs else 0)
     if cfg is not None and cfg.fp32: fp32_(enc)
     enc.sums = sums_(enc, cfg)
@@ -293,27 +361,31 @@ def apply_fast(enc, cfg: FastConfig | None):
     if compiled and enc.device.type == "cuda": keep_compiled_in(compile_cache(enc, cfg))
     stages = (enc.runner.stages if enc.compiled else compile_(enc)) if compiled else STAGES
     enc.compiled = stages is not STAGES
-    if enc.compiled: eager_attention_(enc)   # what the fused step left exact: several prompts or frames outside
+    # what the fused step left exact: several prompts or frames outside
+    if enc.compiled: eager_attention_(enc)
     enc.runner, enc.vision_runner = runners(enc, cfg, stages)
     enc.fast, enc.mode = cfg, check_mode("exact" if cfg is None else "fast")
     return enc
 
 # %% ../nbs/08a_fast.ipynb #d3ff8484
 def warmup(enc) -> float:
-    ("Compile before the first prompt (fast mode on CUDA; elsewhere there is nothing to do): text prompts of two "
-     "graphed lengths and two longer ones, two packed calls, two pictures and two videos of other sizes, so that "
-     "compiled layers and blocks take any length, number of prompts and picture size without compiling again; "
-     "seconds taken. Other lengths take their graph on their second call (`TextRunner`).")
+    ("Compile before the first prompt (fast mode on CUDA; elsewhere there is nothing to do): text "
+     "prompts of two graphed lengths and two longer ones, two packed calls, two pictures and two "
+     "videos of other sizes, so that compiled layers and blocks take any length, number of "
+     "prompts and picture size without compiling again; seconds taken. Other lengths take their "
+     "graph on their second call (`TextRunner`).")
     t = time.perf_counter()
-    if enc.mode != "fast" or enc.device.type != "cuda" or not enc.compiled and not enc.runner.use_graphs: return 0.0
+    if enc.mode != "fast" or enc.device.type != "cuda": return 0.0
+    if not enc.compiled and not enc.runner.use_graphs: return 0.0
     r, ids = enc.runner, min(1000, enc.cfg.text_id_limit)
     text = lambda n: dict(input_ids=torch.arange(n) % ids)   # text ids, below every special token
     for n in (r.pad, 2 * r.pad) if r.graph_rows >= 2 * r.pad else (r.pad,): enc.encode(**text(n))
-    for n in (r.graph_rows + r.pad + 1, r.graph_rows + 4 * r.pad): enc.encode(**text(n))   # no graph: as they are
+    # no graph: as they are
+    for n in (r.graph_rows + r.pad + 1, r.graph_rows + 4 * r.pad): enc.encode(**text(n))
     if r.overlap_from:   # TP 2: the overlapped schedule's compiled stages, at two lengths
         for n in (r.overlap_from, r.overlap_from + 4 * r.pad): enc.encode(**text(n))
     for lens in ((40, 24), (30, 50, 20)): enc.encode_batch([text(n) for n in lens])
-    for i, (images, videos) in enumerate(((((1, 8, 8),), ()), (((1, 12, 16),), ()), ((), ((2, 8, 8),)),
-                                          ((), ((3, 8, 12),)))):
+    pictures = ((((1, 8, 8),), ()), (((1, 12, 16),), ()), ((), ((2, 8, 8),)), ((), ((3, 8, 12),)))
+    for i, (images, videos) in enumerate(pictures):
         enc.encode(**synthetic_inputs(enc.cfg, images, videos, text_len=8, seed=i))
     return time.perf_counter() - t
