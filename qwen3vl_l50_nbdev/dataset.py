@@ -593,11 +593,12 @@ def _share(obj):
 # %% ../nbs/15_dataset.ipynb #59470513
 def _ended(run: str, err: str | None = None):
     ("Tell rank 0 that this rank's batches are done (`err` None) or failed with `err`: a key in "
-     "the world's store.")
+     "the world's store (and, failed, the run's one key that the watchdogs poll).")
     if dist.is_initialized() and dist.get_world_size() > 1:
         store = dist.distributed_c10d._get_default_store()
         store.set(f"qwen3vl-l50/dataset/{run}/{dist.get_rank()}",
                   "done" if err is None else f"failed\n{err}")
+        if err is not None: store.set(f"qwen3vl-l50/dataset/{run}/failed", "1")
 
 def _peers(run: str, skip: int | None = None) -> tuple[str | None, bool]:
     ("The first error a rank other than `skip` reported (or None), and whether every rank has "
@@ -626,9 +627,10 @@ def _watch(run: str, stop: threading.Event, grace: float = 10, every: float = 0.
      "is still here `grace` s later (blocked in a collective with the failed rank, or encoding "
      "batches no one will use), say that error (`report_once`) and end this process at once, code "
      "2: no rank waits for a collective's timeout.")
-    me = dist.get_rank()
+    me, store = dist.get_rank(), dist.distributed_c10d._get_default_store()
+    flag = f"qwen3vl-l50/dataset/{run}/failed"   # one key a poll, whatever the world's size
     while not stop.wait(every):
-        try: err, _ = _peers(run, skip=me)
+        try: err = _peers(run, skip=me)[0] if store.check([flag]) else None
         except Exception: return   # the store is gone: torchrun is ending the job
         if err is not None and not stop.wait(grace):
             report_once(f"qwen3vl-l50 encode-dataset: error: {err}")
