@@ -34,7 +34,8 @@ from safetensors.torch import load_file
 from tqdm.auto import tqdm
 import qwen3vl_l50_nbdev
 from .config import EncoderConfig
-from .dist import encoder_group, init_world, gather_objects, is_rank0, agree, report_once, exit_code
+from .dist import (encoder_group, init_world, gather_objects, is_rank0, agree,
+                                    report_once, exit_code)
 from .encoder import Encoder
 from .loading import checkpoint_fingerprint
 from .inputs import Processor
@@ -46,31 +47,38 @@ from .settings import Numerics
 
 # %% ../nbs/15_dataset.ipynb #4bec50d7
 def input_hash(x: dict) -> str:
-    "XXH3-128 (hex) of `encode`'s inputs `x`: each present tensor's name, dtype, shape and bytes, in name order."
+    ("XXH3-128 (hex) of `encode`'s inputs `x`: each present tensor's name, dtype, shape and bytes, "
+     "in name order.")
     h = xxhash.xxh3_128()
     for k in sorted(k for k, v in x.items() if v is not None):
         t = torch.as_tensor(x[k]).contiguous()
         h.update(f"{k}:{t.dtype}:{tuple(t.shape)};".encode())
-        h.update(t.view(-1).view(torch.uint8).numpy() if t.numel() else b"")   # the buffer itself: no copy
+        # the buffer itself: no copy
+        h.update(t.view(-1).view(torch.uint8).numpy() if t.numel() else b"")
     return h.hexdigest()
 
 # %% ../nbs/15_dataset.ipynb #05621340
 class Item(NamedTuple):
-    "A prompt as the plan sees it: its index in the file's prompts, id, tokens, and the hash of its inputs."
+    ("A prompt as the plan sees it: its index in the file's prompts, id, tokens, and the hash of "
+     "its inputs.")
     index: int   # its place among the file's prompts (0-based)
     id: str      # its id: the line's, or its line number
     tokens: int  # its sequence length, image and video tokens included
     hash: str    # `input_hash` of its processed inputs
 
+# %% ../nbs/15_dataset.ipynb #64db2b04
 def distinct(items: list[Item]) -> dict[str, Item]:
     "`{hash: the first item (in the file) with it}`: the inputs to encode, each once."
     out = {}
     for it in sorted(items, key=lambda it: it.index): out.setdefault(it.hash, it)
     return out
 
+# %% ../nbs/15_dataset.ipynb #22960928
 def plan_batches(items: list[Item], batch_tokens: int) -> list[list[Item]]:
-    "The distinct inputs of `items`, longest first, in batches of at most `batch_tokens` tokens (or one longer prompt)."
-    if batch_tokens < 1: raise ValueError(f"--batch-tokens {batch_tokens}: give a positive number of tokens")
+    ("The distinct inputs of `items`, longest first, in batches of at most `batch_tokens` tokens "
+     "(or one longer prompt).")
+    if batch_tokens < 1: raise ValueError(f"--batch-tokens {batch_tokens}: give a positive number "
+                                          "of tokens")
     batches, cur, n = [], [], 0
     for it in sorted(distinct(items).values(), key=lambda it: (-it.tokens, it.index)):
         if cur and n + it.tokens > batch_tokens: batches.append(cur); cur, n = [], 0
@@ -79,7 +87,8 @@ def plan_batches(items: list[Item], batch_tokens: int) -> list[list[Item]]:
 
 # %% ../nbs/15_dataset.ipynb #06260920
 def assign(sizes: dict[int, int], replicas: int) -> list[list[int]]:
-    "Batches (`{batch: tokens}`) shared among `replicas` by tokens, largest first to the least loaded; each sorted."
+    ("Batches (`{batch: tokens}`) shared among `replicas` by tokens, largest first to the least "
+     "loaded; each sorted.")
     load, out = [0] * replicas, [[] for _ in range(replicas)]
     for b in sorted(sizes, key=lambda b: (-sizes[b], b)):
         r = min(range(replicas), key=lambda r: (load[r], r))
@@ -94,22 +103,30 @@ LOCK = ".lock"   # the running job's process: pid and host
 
 def shard_name(k: int) -> str: return f"shard-{k:05d}.safetensors"
 
+# %% ../nbs/15_dataset.ipynb #a0f8e8ec
 def prompts_digest(items: list[Item]) -> str:
-    "XXH3-128 of the prompts' ids and input hashes, in file order: the same prompts, the same digest."
+    ("XXH3-128 of the prompts' ids and input hashes, in file order: the same prompts, the same "
+     "digest.")
     return xxhash.xxh3_128("\n".join(f"{it.id}\t{it.hash}" for it in items).encode()).hexdigest()
 
-def job_settings(model, cfg: EncoderConfig, items: list[Item], numerics: Numerics = Numerics(), tp: int = 1,
-                 batch_tokens: int = 8192, device: str = "cpu") -> dict:
-    "What fixes the job's bits (not the replicas): the weights' content, code, numerics and prompts; `job.json`."
+# %% ../nbs/15_dataset.ipynb #1e12f0da
+def job_settings(model, cfg: EncoderConfig, items: list[Item], numerics: Numerics = Numerics(),
+                 tp: int = 1, batch_tokens: int = 8192, device: str = "cpu") -> dict:
+    ("What fixes the job's bits (not the replicas): the weights' content, code, numerics and "
+     "prompts; `job.json`.")
     n, fp8 = numerics, numerics.quant == "fp8"
-    return dict(checkpoint=checkpoint_fingerprint(model), code=code_identity(), layer=cfg.selected_layer,
-                dtype=n.dtype, tp=tp, reduce=n.reduce if tp > 1 else "none", quant=n.quant or "none",
-                fp8_granularity=n.fp8_granularity if fp8 else "none", fp8_act=n.fp8_act if fp8 else "none",
+    return dict(checkpoint=checkpoint_fingerprint(model), code=code_identity(),
+                layer=cfg.selected_layer, dtype=n.dtype, tp=tp,
+                reduce=n.reduce if tp > 1 else "none", quant=n.quant or "none",
+                fp8_granularity=n.fp8_granularity if fp8 else "none",
+                fp8_act=n.fp8_act if fp8 else "none",
                 mode=n.mode, batch_tokens=batch_tokens, device=torch.device(device).type,
                 prompts=prompts_digest(items), count=len(items))
 
+# %% ../nbs/15_dataset.ipynb #4a43741d
 def job_id(settings: dict) -> str:
-    "XXH3-128 of the job's `settings`: written in each of its shards and in its manifest, so a foreign one is known."
+    ("XXH3-128 of the job's `settings`: written in each of its shards and in its manifest, so a "
+     "foreign one is known.")
     return xxhash.xxh3_128(json.dumps(settings, sort_keys=True).encode()).hexdigest()
 
 # %% ../nbs/15_dataset.ipynb #bbd92154
@@ -120,123 +137,146 @@ def _alive(pid: int) -> bool:
     return True
 
 def take_lock(p: Path):
-    ("Make `p`/.lock this process's (pid, host): `ValueError` naming the job that holds it, unless its process is "
-     "gone (same host) or is this one: a stale lock, taken over.")
-    f, me = p / LOCK, dict(pid=os.getpid(), host=socket.gethostname(), since=time.strftime("%Y-%m-%d %H:%M:%S"))
+    ("Make `p`/.lock this process's (pid, host): `ValueError` naming the job that holds it, unless "
+     "its process is gone (same host) or is this one: a stale lock, taken over.")
+    f = p / LOCK
+    me = dict(pid=os.getpid(), host=socket.gethostname(), since=time.strftime("%Y-%m-%d %H:%M:%S"))
     for _ in range(3):
         try: fd = os.open(f, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
         except FileExistsError:
             try: was = json.loads(f.read_text())
             except (OSError, ValueError): was = {}
             pid, host = was.get("pid"), was.get("host")
-            if host == me["host"] and isinstance(pid, int) and (pid == me["pid"] or not _alive(pid)):
+            ours = host == me["host"] and isinstance(pid, int)
+            if ours and (pid == me["pid"] or not _alive(pid)):
                 f.unlink(missing_ok=True); continue   # stale: its process is gone
-            raise ValueError(f"--out {p} is in use by another encode-dataset job (pid {pid} on {host}, since "
-                             f"{was.get('since')}): wait for it to end or name another --out; if no job runs there, "
-                             f"delete {f}") from None
+            raise ValueError(f"--out {p} is in use by another encode-dataset job (pid {pid} on "
+                             f"{host}, since {was.get('since')}): wait for it to end or name "
+                             f"another --out; if no job runs there, delete {f}") from None
         with os.fdopen(fd, "w") as w: w.write(json.dumps(me))
         return
     raise ValueError(f"--out {p}: cannot take {f}: delete it if no job runs there")
 
+# %% ../nbs/15_dataset.ipynb #ed800642
 def release_lock(p: Path):
     "Remove `p`/.lock if it is this process's."
     try:
         was = json.loads((Path(p) / LOCK).read_text())
-        if (was.get("pid"), was.get("host")) == (os.getpid(), socket.gethostname()): (Path(p) / LOCK).unlink()
+        if (was.get("pid"), was.get("host")) == (os.getpid(), socket.gethostname()):
+            (Path(p) / LOCK).unlink()
     except (OSError, ValueError): pass
 
 # %% ../nbs/15_dataset.ipynb #2ed908f9
-OURS = ("shard-*.safetensors", ".shard-*.tmp", ".*.tmp", JOB, MANIFEST, PROVENANCE)   # what a job writes in its DIR
-
-def _changed(inputs: list, lines: list) -> str:
-    "The first prompt of `lines` ((where, hash)) whose input hash is not the job's (`inputs`), or how many there are."
-    for (where, h), was in zip(lines, inputs):
-        if h != was: return f"{where}: this prompt is not the one the job began with"
-    return f"the file has {len(lines)} prompts, the job began with {len(inputs)}"
-
 def differences(was: dict, now: dict) -> list[str]:
     "The settings that differ, as `name: was there, now`."
     return [f"{k} {was.get(k)!r} there, {now.get(k)!r} now" for k in dict.fromkeys([*was, *now])
             if was.get(k) != now.get(k)]
 
-def check_dir(out, settings: dict, overwrite: bool = False, keep=(), lines=None) -> str:
-    ("`out` ready for the job `settings` (made if missing, locked: `take_lock`): 'new', 'resume' or 'finished'; "
-     "`ValueError` naming the differences from the job there (unless `overwrite`: its job's files removed), or a "
-     "`DIR` that was never a job's (nothing removed). `keep`: paths inside `out` that are not the job's (the cache); "
-     "`lines`: each prompt's (`file:line`, input hash), to name the first that changed.")
-    p = Path(out)
-    if str(out).strip() == "": raise ValueError("--out is empty: name a directory for the embeddings")
-    if p.exists() and not p.is_dir(): raise ValueError(f"--out {p} is a file: name a directory for the embeddings")
-    p.mkdir(parents=True, exist_ok=True)
-    if not os.access(p, os.W_OK | os.X_OK): raise ValueError(f"--out {p} is not writable: fix its permissions")
-    take_lock(p)
-    try: return _check_job(p, settings, overwrite, {Path(k).resolve() for k in keep}, lines)
-    except BaseException: release_lock(p); raise
+# %% ../nbs/15_dataset.ipynb #b08ae061
+# what a job writes in its DIR
+OURS = ("shard-*.safetensors", ".shard-*.tmp", ".*.tmp", JOB, MANIFEST, PROVENANCE)
+
+def _changed(inputs: list, lines: list) -> str:
+    ("The first prompt of `lines` ((where, hash)) whose input hash is not the job's (`inputs`), or "
+     "how many there are.")
+    for (where, h), was in zip(lines, inputs):
+        if h != was: return f"{where}: this prompt is not the one the job began with"
+    return f"the file has {len(lines)} prompts, the job began with {len(inputs)}"
 
 def _check_job(p: Path, settings: dict, overwrite: bool, keep: set, lines) -> str:
     if not (p / JOB).exists():   # never a job's: refused whole, with or without --overwrite
-        if others := sorted(f.name for f in p.iterdir() if f.name != LOCK and f.resolve() not in keep):
-            raise ValueError(f"--out {p} holds files that are not an encode-dataset job's ({others[0]}, ...): name "
-                             "an empty or new directory (nothing was deleted)")
+        others = sorted(f.name for f in p.iterdir() if f.name != LOCK and f.resolve() not in keep)
+        if others:
+            raise ValueError(f"--out {p} holds files that are not an encode-dataset job's "
+                             f"({others[0]}, ...): name an empty or new directory (nothing was "
+                             "deleted)")
         return "new"
     if overwrite:   # a job's: only the files a job writes go
         for f in [f for pat in OURS for f in p.glob(pat)]: f.unlink()
         return "new"
     try: was = json.loads((p / JOB).read_text())
     except (OSError, json.JSONDecodeError) as e:
-        raise ValueError(f"--out {p}/{JOB} cannot be read ({e}): --overwrite to start the job again") from None
+        raise ValueError(f"--out {p}/{JOB} cannot be read ({e}): --overwrite to start the job "
+                         "again") from None
     inputs = was.pop("inputs", None)   # the job's input hashes, in file order
     if diff := differences(was, settings):
-        if lines is not None and inputs is not None and was.get("prompts") != settings.get("prompts"):
+        edited = was.get("prompts") != settings.get("prompts")
+        if lines is not None and inputs is not None and edited:
             diff = [d for d in diff if not d.startswith("prompts ")] + [_changed(inputs, lines)]
-        raise ValueError(f"--out {p} holds another job's embeddings: {'; '.join(diff)}. Name another --out, or "
-                         "--overwrite to replace them")
+        raise ValueError(f"--out {p} holds another job's embeddings: {'; '.join(diff)}. Name "
+                         "another --out, or --overwrite to replace them")
     return "finished" if (p / MANIFEST).exists() else "resume"
 
+# %% ../nbs/15_dataset.ipynb #021f6e68
+def check_dir(out, settings: dict, overwrite: bool = False, keep=(), lines=None) -> str:
+    ("`out` ready for the job `settings` (made if missing, locked: `take_lock`): 'new', 'resume' "
+     "or 'finished'; `ValueError` naming the differences from the job there (unless `overwrite`: "
+     "its job's files removed), or a `DIR` that was never a job's (nothing removed). `keep`: paths "
+     "inside `out` that are not the job's (the cache); `lines`: each prompt's (`file:line`, input "
+     "hash), to name the first that changed.")
+    p = Path(out)
+    if str(out).strip() == "":
+        raise ValueError("--out is empty: name a directory for the embeddings")
+    if p.exists() and not p.is_dir():
+        raise ValueError(f"--out {p} is a file: name a directory for the embeddings")
+    p.mkdir(parents=True, exist_ok=True)
+    if not os.access(p, os.W_OK | os.X_OK):
+        raise ValueError(f"--out {p} is not writable: fix its permissions")
+    take_lock(p)
+    try: return _check_job(p, settings, overwrite, {Path(k).resolve() for k in keep}, lines)
+    except BaseException: release_lock(p); raise
+
 # %% ../nbs/15_dataset.ipynb #712300bc
-NUMERICS = ("checkpoint", "code", "layer", "dtype", "tp", "reduce", "quant", "fp8_granularity", "fp8_act", "mode",
-            "device")
+NUMERICS = ("checkpoint", "code", "layer", "dtype", "tp", "reduce", "quant", "fp8_granularity",
+            "fp8_act", "mode", "device")
 
 class Cache:
-    ("Content-addressed embeddings under `root`: one safetensors file per (input hash, numerics `settings`: the "
-     "weights' content, the code, the options); each hit checked to be `[tokens, hidden]` in the job's dtype.")
+    ("Content-addressed embeddings under `root`: one safetensors file per (input hash, numerics "
+     "`settings`: the weights' content, the code, the options); each hit checked to be "
+     "`[tokens, hidden]` in the job's dtype.")
     def __init__(self, root, settings: dict, hidden: int):
         self.root, self.hidden = Path(root), hidden
         self.dtype = {"bf16": torch.bfloat16, "fp32": torch.float32}[settings["dtype"]]
         self.salt = json.dumps({k: settings[k] for k in NUMERICS}, sort_keys=True)
         try: self.root.mkdir(parents=True, exist_ok=True)
-        except OSError as e: raise ValueError(f"--cache {root}: cannot be made ({e.strerror or e})") from None
-        if not os.access(self.root, os.W_OK | os.X_OK): raise ValueError(f"--cache {root} is not writable")
+        except OSError as e:
+            raise ValueError(f"--cache {root}: cannot be made ({e.strerror or e})") from None
+        if not os.access(self.root, os.W_OK | os.X_OK):
+            raise ValueError(f"--cache {root} is not writable")
 
     def path(self, h: str) -> Path:
         k = xxhash.xxh3_128(f"{self.salt}\n{h}".encode()).hexdigest()
         return self.root / k[:2] / f"{k}.safetensors"
 
     def get(self, h: str, tokens: int) -> torch.Tensor | None:
-        "The embedding of input hash `h` (`tokens` long), or None: absent, unreadable or malformed (computed again)."
+        ("The embedding of input hash `h` (`tokens` long), or None: absent, unreadable or "
+         "malformed (computed again).")
         try: t = load_file(p := self.path(h))["embedding"]
         except (OSError, SafetensorError, KeyError): return None
         if t.dtype != self.dtype or tuple(t.shape) != (tokens, self.hidden):
-            warnings.warn(f"--cache entry {p} is {t.dtype} {tuple(t.shape)}, not {self.dtype} ({tokens}, "
-                          f"{self.hidden}): ignored, encoded again")
+            warnings.warn(f"--cache entry {p} is {t.dtype} {tuple(t.shape)}, not {self.dtype} "
+                          f"({tokens}, {self.hidden}): ignored, encoded again")
             return None
         return t
 
     def put(self, h: str, t: torch.Tensor):
         try: (p := self.path(h)).parent.mkdir(exist_ok=True)
-        except OSError as e: raise ValueError(f"--cache {self.root}: cannot make {p.parent} ({e.strerror or e}): "
-                                              "name another --cache or remove what is in the way") from None
+        except OSError as e:
+            raise ValueError(f"--cache {self.root}: cannot make {p.parent} ({e.strerror or e}): "
+                             "name another --cache or remove what is in the way") from None
         write_out({"embedding": t.contiguous()}, p)
 
 # %% ../nbs/15_dataset.ipynb #5971c320
 def scan(prompts: list[Prompt], proc: Processor, cfg: EncoderConfig) -> list[Item]:
-    "The `Item` of every prompt (this rank processes its share, then all gather); `ValueError` at the first bad line."
+    ("The `Item` of every prompt (this rank processes its share, then all gather); `ValueError` at "
+     "the first bad line.")
     rank, world = (dist.get_rank(), dist.get_world_size()) if dist.is_initialized() else (0, 1)
     mine, err = [], None
     for i in range(rank, len(prompts), world):
         q = prompts[i]
         if q.id == "__metadata__":
-            err = (i, f"{q.where}: the id '__metadata__' is safetensors' own: choose another id"); break
+            err = (i, f"{q.where}: the id '__metadata__' is safetensors' own: choose another "
+                      "id"); break
         try: x = process_prompt(q, proc, cfg)
         except ValueError as e: err = (i, str(e)); break
         mine.append(Item(i, q.id, len(x["input_ids"]), input_hash(x)))
@@ -246,25 +286,42 @@ def scan(prompts: list[Prompt], proc: Processor, cfg: EncoderConfig) -> list[Ite
 
 # %% ../nbs/15_dataset.ipynb #a8601863
 def encode_items(enc: Encoder, xs: list[dict], mode: str) -> list[torch.Tensor]:
-    ("The embeddings of the inputs `xs`, left on the encoder's device (no wait for it): one `encode` call each (exact "
-     "mode), or one `encode_batch` (fast mode).")
+    ("The embeddings of the inputs `xs`, left on the encoder's device (no wait for it): one "
+     "`encode` call each (exact mode), or one `encode_batch` (fast mode).")
     if not xs: return []
     on = enc.device
-    return [enc.encode(**x, output_device=on) for x in xs] if mode == "exact" else enc.encode_batch(xs, on)
+    if mode == "exact": return [enc.encode(**x, output_device=on) for x in xs]
+    return enc.encode_batch(xs, on)
 
-def run_batch(enc: Encoder, batch: list[Item], inputs, mode: str, cache: Cache | None = None) -> tuple[dict, set]:
-    ("`{id: embedding}` of `batch` (`inputs(item)`: its `encode` inputs), encoded ones on the encoder's device, and "
-     "the ids read from `cache` instead (on the CPU).")
+# %% ../nbs/15_dataset.ipynb #d4592261
+def run_batch(enc: Encoder, batch: list[Item], inputs, mode: str,
+              cache: Cache | None = None) -> tuple[dict, set]:
+    ("`{id: embedding}` of `batch` (`inputs(item)`: its `encode` inputs), encoded ones on the "
+     "encoder's device, and the ids read from `cache` instead (on the CPU).")
     got = {it.id: cache.get(it.hash, it.tokens) for it in batch} if cache else {}
-    if cache and enc.group.size > 1:   # the group's ranks must encode the same prompts: a hit where every one read it
-        hit = torch.tensor([got[it.id] is not None for it in batch], dtype=torch.int32, device=enc.device)
+    # the group's ranks must encode the same prompts: a hit where every one read it
+    if cache and enc.group.size > 1:
+        hit = torch.tensor([got[it.id] is not None for it in batch], dtype=torch.int32,
+                           device=enc.device)
         every = enc.group.all_reduce(hit).eq(enc.group.size).tolist()
         got = {it.id: got[it.id] if h else None for it, h in zip(batch, every)}
     todo = [it for it in batch if got.get(it.id) is None]
-    if mode == "fast" and todo: todo = batch   # a packed batch's bits depend on all its prompts: all or none cached
-    got |= dict(zip([it.id for it in todo], encode_items(enc, [inputs(it) for it in todo], mode), strict=True))
+    # a packed batch's bits depend on all its prompts: all or none cached
+    if mode == "fast" and todo: todo = batch
+    embs = encode_items(enc, [inputs(it) for it in todo], mode)
+    got |= dict(zip([it.id for it in todo], embs, strict=True))
     return {it.id: got[it.id] for it in batch}, {it.id for it in batch} - {it.id for it in todo}
 
+# %% ../nbs/15_dataset.ipynb #46a7b75d
+def on_host(embs: dict, device, ready=None) -> dict:
+    ("`embs` on the CPU; from CUDA copied on a stream of their own once the event `ready` is "
+     "reached, so that the device goes on with the next batch meanwhile.")
+    if ready is None: return {i: t.cpu() for i, t in embs.items()}
+    with torch.cuda.device(device), torch.cuda.stream(side := torch.cuda.Stream(device)):
+        side.wait_event(ready)
+        return {i: t.to("cpu") for i, t in embs.items()}   # each copy waits for its own stream only
+
+# %% ../nbs/15_dataset.ipynb #978cce77
 def _mark(device):
     "Now: an event recorded on `device`'s current stream (CUDA), or the host clock."
     if torch.device(device).type != "cuda": return time.perf_counter()
@@ -274,46 +331,44 @@ def _seconds(a, b) -> float:
     "Seconds between two `_mark`s (CUDA events: once `b` is reached)."
     return b - a if isinstance(a, float) else a.elapsed_time(b) / 1e3
 
-def on_host(embs: dict, device, ready=None) -> dict:
-    ("`embs` on the CPU; from CUDA copied on a stream of their own once the event `ready` is reached, so that the "
-     "device goes on with the next batch meanwhile.")
-    if ready is None: return {i: t.cpu() for i, t in embs.items()}
-    with torch.cuda.device(device), torch.cuda.stream(side := torch.cuda.Stream(device)):
-        side.wait_event(ready)
-        return {i: t.to("cpu") for i, t in embs.items()}   # each copy waits for its own stream only
-
 def write_shard(out, k: int, batch: list[Item], embs: dict, hits: set, device, marks: tuple,
-                cache: Cache | None = None, write: bool = True, job: str = "", checks: bool = True) -> Path | None:
-    ("Shard `k` of `out`: `embs` brought to the CPU (`on_host`, after the end of `marks`), each checked finite, the "
-     "encoded ones put in `cache`, written atomically with how many came from the cache, the batch's seconds, the "
-     "`job` it belongs to, the digest of its tensors and each tensor's input hash; "
-     "`write=False` (a TP group's other ranks): only the check, so that every rank stops at a bad batch. "
-     "`checks=False`, for the benchmark that measures their cost: no finite check, digest or input hashes (a shard "
-     "that no reader takes).")
+                cache: Cache | None = None, write: bool = True, job: str = "",
+                checks: bool = True) -> Path | None:
+    ("Shard `k` of `out`: `embs` brought to the CPU (`on_host`, after the end of `marks`), each "
+     "checked finite, the encoded ones put in `cache`, written atomically with how many came from "
+     "the cache, the batch's seconds, the `job` it belongs to, the digest of its tensors and each "
+     "tensor's input hash; `write=False` (a TP group's other ranks): only the check, so that every "
+     "rank stops at a bad batch. `checks=False`, for the benchmark that measures their cost: no "
+     "finite check, digest or input hashes (a shard that no reader takes).")
     embs = on_host(embs, device, None if isinstance(marks[1], float) else marks[1])
     for it in batch if checks else ():
         if not bool(torch.isfinite(embs[it.id]).all()):
-            raise ValueError(f"the embedding of prompt {it.id!r} holds NaN or Inf; nothing was written for its shard. "
-                             "The weights or inputs hold non-finite values, or the model overflows its dtype: "
-                             "`qwen3vl-l50 check` against transformers")
+            raise ValueError(f"the embedding of prompt {it.id!r} holds NaN or Inf; nothing was "
+                             "written for its shard. The weights or inputs hold non-finite "
+                             "values, or the model overflows its dtype: `qwen3vl-l50 check` "
+                             "against transformers")
     if not write: return None
     if cache:
         for it in batch:
             if it.id not in hits: cache.put(it.hash, embs[it.id])
     embs, p = {i: t.contiguous() for i, t in embs.items()}, Path(out) / shard_name(k)
     meta = dict(cache_hits=str(len(hits)), seconds=f"{_seconds(*marks):.6f}", job=job)
-    if checks: meta |= dict(digest=input_hash(embs), inputs=json.dumps({it.id: it.hash for it in batch}))
+    if checks:
+        meta |= dict(digest=input_hash(embs), inputs=json.dumps({it.id: it.hash for it in batch}))
     try: return write_out(embs, p, metadata=meta)
-    except (OSError, SafetensorError) as e:   # a full disk, say: the path and the reason, in one line
-        raise ValueError(f"{p}: cannot be written ({e}): free space there or name another --out, then run the "
-                         "same command again") from None
+    # a full disk, say: the path and the reason, in one line
+    except (OSError, SafetensorError) as e:
+        raise ValueError(f"{p}: cannot be written ({e}): free space there or name another --out, "
+                         "then run the same command again") from None
 
+# %% ../nbs/15_dataset.ipynb #98764d76
 def encode_batches(enc: Encoder, batches: dict[int, list[Item]], inputs, mode: str, out,
                    cache: Cache | None = None, job: str = "", checks: bool = True) -> None:
-    ("Each of `batches` (`{k: items}`, in order) encoded into its shard `k` of `out` (by rank 0 of the TP group), as a "
-     "pipeline: while the device encodes a batch, one thread prepares the next batch's inputs and another brings the "
-     "last one's embeddings to the host and writes its shard (one in flight: two batches' embeddings in memory). "
-     "A shard's seconds are its batch's on the device (CUDA events), or on the host clock; `checks`: `write_shard`'s.")
+    ("Each of `batches` (`{k: items}`, in order) encoded into its shard `k` of `out` (by rank 0 of "
+     "the TP group), as a pipeline: while the device encodes a batch, one thread prepares the next "
+     "batch's inputs and another brings the last one's embeddings to the host and writes its shard "
+     "(one in flight: two batches' embeddings in memory). A shard's seconds are its batch's on the "
+     "device (CUDA events), or on the host clock; `checks`: `write_shard`'s.")
     ks = list(batches)
     prepare = lambda k: {it.index: inputs(it) for it in batches[k]}
     with ThreadPoolExecutor(1) as reader, ThreadPoolExecutor(1) as writer:
@@ -326,19 +381,21 @@ def encode_batches(enc: Encoder, batches: dict[int, list[Item]], inputs, mode: s
             marks = (start, _mark(enc.device))
             if writing: writing.result()   # the last shard is written (or its error raised here)
             # the group's other ranks check, not write
-            writing = writer.submit(write_shard, out, k, batches[k], embs, hits, enc.device, marks, cache,
-                                    write=enc.group.rank == 0, job=job, checks=checks)
+            writing = writer.submit(write_shard, out, k, batches[k], embs, hits, enc.device, marks,
+                                    cache, write=enc.group.rank == 0, job=job, checks=checks)
         if writing: writing.result()
 
 # %% ../nbs/15_dataset.ipynb #94d31fea
 class Progress:
-    ("Rank 0's bar over the job: the tokens of the shards in `out` (`sizes`: batch -> tokens; `counts`: -> prompts), "
-     "polled by a thread.")
-    def __init__(self, out, sizes: dict, counts: dict, done: set, show: bool = True, every: float = 0.5):
+    ("Rank 0's bar over the job: the tokens of the shards in `out` (`sizes`: batch -> tokens; "
+     "`counts`: -> prompts), polled by a thread.")
+    def __init__(self, out, sizes: dict, counts: dict, done: set, show: bool = True,
+                 every: float = 0.5):
         self.out, self.sizes, self.counts, self.every = Path(out), sizes, counts, every
         self.done, self.stop = set(done), threading.Event()
-        self.bar = tqdm(total=sum(sizes.values()), initial=sum(sizes[b] for b in done), unit="tok", unit_scale=True,
-                        desc="encode-dataset", disable=not show, dynamic_ncols=True)
+        self.bar = tqdm(total=sum(sizes.values()), initial=sum(sizes[b] for b in done), unit="tok",
+                        unit_scale=True, desc="encode-dataset", disable=not show,
+                        dynamic_ncols=True)
         self.total = sum(counts.values())
         self.thread = threading.Thread(target=self._watch, daemon=True)
 
@@ -348,7 +405,8 @@ class Progress:
         new = now - self.done
         if new:
             self.done |= new
-            self.bar.set_postfix_str(f"{sum(self.counts[b] for b in self.done)}/{self.total} prompts", refresh=False)
+            got = sum(self.counts[b] for b in self.done)
+            self.bar.set_postfix_str(f"{got}/{self.total} prompts", refresh=False)
             self.bar.update(sum(self.sizes[b] for b in new))
         return self.done
 
@@ -366,40 +424,49 @@ def manifest_rows(items: list[Item], batches: list[list[Item]]) -> dict[str, lis
                 tensor=[where[it.hash][1] for it in items], tokens=[it.tokens for it in items],
                 input_hash=[it.hash for it in items], line=[it.index for it in items])
 
+# %% ../nbs/15_dataset.ipynb #366d96c9
 def shard_inputs(f) -> dict:
     "The input hash of each tensor of the open shard `f`, from its header (`{}` where it has none)."
     try: return json.loads((f.metadata() or {}).get("inputs", "{}"))
     except ValueError: return {}
 
+# %% ../nbs/15_dataset.ipynb #1b229ea5
 def shard_problem(p: Path, inputs: dict | None, job: str, digest: bool = True) -> str | None:
-    ("What is wrong with shard `p` of the job `job` (`job_id`) that should hold `inputs` (`{id: input hash}`, None: "
-     "any), or None: missing, unreadable, another job's, other ids or inputs, a header that does not list its "
-     "tensors' inputs, or (`digest`: its tensors read) bytes that differ from its digest.")
+    ("What is wrong with shard `p` of the job `job` (`job_id`) that should hold `inputs` "
+     "(`{id: input hash}`, None: any), or None: missing, unreadable, another job's, other ids or "
+     "inputs, a header that does not list its tensors' inputs, or (`digest`: its tensors read) "
+     "bytes that differ from its digest.")
     try:
         with safe_open(p, "pt") as f:
             meta, keys, got = f.metadata() or {}, set(f.keys()), shard_inputs(f)
-            if meta.get("job") != job: return "written by another job (other settings, weights or code)"
+            if meta.get("job") != job:
+                return "written by another job (other settings, weights or code)"
             if inputs is not None and keys != set(inputs):
                 return f"holds {sorted(keys)[:3]}..., not its batch's {sorted(inputs)[:3]}..."
-            if set(got) != keys: return "damaged: its header does not name the inputs of its tensors"
-            if inputs is not None and got != inputs: return "holds the embeddings of other inputs than its batch's"
+            if set(got) != keys:
+                return "damaged: its header does not name the inputs of its tensors"
+            if inputs is not None and got != inputs:
+                return "holds the embeddings of other inputs than its batch's"
             if digest and input_hash({k: f.get_tensor(k) for k in keys}) != meta.get("digest"):
                 return "damaged: its bytes differ from its digest"
     except FileNotFoundError: return "missing"
     except (OSError, SafetensorError) as e: return f"cannot be read ({e})"
     return None
 
+# %% ../nbs/15_dataset.ipynb #5616da54
 def check_shards(out, batches: list[list[Item]], job: str):
-    "Every shard there, the job's, holding exactly its batch's ids (headers only); else `ValueError` naming it."
+    ("Every shard there, the job's, holding exactly its batch's ids (headers only); else "
+     "`ValueError` naming it.")
     for k, b in enumerate(batches):
         p = Path(out) / shard_name(k)
         if why := shard_problem(p, {it.id: it.hash for it in b}, job, digest=False):
-            raise ValueError(f"{p}: {why}, at the end of the job (changed by another process?): run the same command "
-                             "again to encode it")
+            raise ValueError(f"{p}: {why}, at the end of the job (changed by another process?): "
+                             "run the same command again to encode it")
 
+# %% ../nbs/15_dataset.ipynb #e126f0fc
 def recheck(out, batches: list[list[Item]], job: str) -> list[str]:
-    ("A resumed job's shards: each one there read whole and checked (`shard_problem`); a bad one removed, to be "
-     "encoded again. What was removed, and why.")
+    ("A resumed job's shards: each one there read whole and checked (`shard_problem`); a bad one "
+     "removed, to be encoded again. What was removed, and why.")
     bad = []
     for k, b in enumerate(batches):
         p = Path(out) / shard_name(k)
@@ -407,8 +474,10 @@ def recheck(out, batches: list[list[Item]], job: str) -> list[str]:
             p.unlink(); bad.append(f"{p}: {why}")
     return bad
 
+# %% ../nbs/15_dataset.ipynb #a008b313
 def write_manifest(out, items: list[Item], batches: list[list[Item]], prov: dict, job: str):
-    "`out`/manifest.parquet (the `job` in its metadata) and `out`/provenance.json, each written whole or not at all."
+    ("`out`/manifest.parquet (the `job` in its metadata) and `out`/provenance.json, each written "
+     "whole or not at all.")
     import pyarrow as pa
     import pyarrow.parquet as pq
     out = Path(out)
@@ -418,50 +487,62 @@ def write_manifest(out, items: list[Item], batches: list[list[Item]], prov: dict
 
 # %% ../nbs/15_dataset.ipynb #a41bcac8
 def read_embedding(out, shard: str, tensor: str, files: dict | None = None) -> torch.Tensor:
-    "The tensor `tensor` of shard `shard` in `out` (a manifest row's columns); `files`: open shards, to reuse."
+    ("The tensor `tensor` of shard `shard` in `out` (a manifest row's columns); `files`: open "
+     "shards, to reuse.")
     files = {} if files is None else files
     if shard not in files: files[shard] = safe_open(Path(out) / shard, "pt")
     return files[shard].get_tensor(tensor)
 
-_SHARD = re.compile(r"shard-\d{5}\.safetensors")   # the only names a manifest may give: files of its own DIR
+# %% ../nbs/15_dataset.ipynb #0c6e3159
+# the only names a manifest may give: files of its own DIR
+_SHARD = re.compile(r"shard-\d{5}\.safetensors")
 _COLUMNS = ("id", "shard", "tensor", "tokens", "input_hash")   # what the reader reads of a manifest
 
 def _manifest(out: Path):
-    "`out`'s manifest (a pyarrow Table) and its job, checked: columns, unique ids, shard names inside `out`."
+    ("`out`'s manifest (a pyarrow Table) and its job, checked: columns, unique ids, shard names "
+     "inside `out`.")
     import pyarrow as pa
     import pyarrow.parquet as pq
     try: m = pq.read_table(out / MANIFEST)
     except (OSError, pa.ArrowException) as e:
-        raise ValueError(f"{out / MANIFEST} cannot be read ({e}): run the job again with --overwrite") from None
+        raise ValueError(f"{out / MANIFEST} cannot be read ({e}): run the job again with "
+                         "--overwrite") from None
     if missing := set(_COLUMNS) - set(m.column_names):
-        raise ValueError(f"{out / MANIFEST} has no column {sorted(missing)}: not an encode-dataset manifest")
+        raise ValueError(f"{out / MANIFEST} has no column {sorted(missing)}: not an encode-dataset "
+                         "manifest")
     c = m.select(list(_COLUMNS)).to_pydict()
     if len(set(c["id"])) != len(c["id"]):
-        raise ValueError(f"{out / MANIFEST}: the id {Counter(c['id']).most_common(1)[0][0]!r} is in two rows")
-    own = dict(zip(c["id"], zip(c["tensor"], c["input_hash"])))   # a row's tensor is its id's, or a duplicate's first
+        raise ValueError(f"{out / MANIFEST}: the id {Counter(c['id']).most_common(1)[0][0]!r} is "
+                         "in two rows")
+    # a row's tensor is its id's, or a duplicate's first
+    own = dict(zip(c["id"], zip(c["tensor"], c["input_hash"])))
     for i, t, h in zip(c["id"], c["tensor"], c["input_hash"]):
         if t != i and own.get(t) != (t, h):
-            raise ValueError(f"{out / MANIFEST}: row {i!r} points at the tensor {t!r}, which is not the embedding of "
-                             "the same inputs under its own id: the manifest does not match its shards")
+            raise ValueError(f"{out / MANIFEST}: row {i!r} points at the tensor {t!r}, which is "
+                             "not the embedding of the same inputs under its own id: the manifest "
+                             "does not match its shards")
     if bad := [s for s in c["shard"] if not (isinstance(s, str) and _SHARD.fullmatch(s))]:
-        raise ValueError(f"{out / MANIFEST} names the shard {bad[0]!r}: a manifest names only its own DIR's shards")
+        raise ValueError(f"{out / MANIFEST} names the shard {bad[0]!r}: a manifest names only its "
+                         "own DIR's shards")
     return c, (m.schema.metadata or {}).get(b"job", b"").decode()
 
+# %% ../nbs/15_dataset.ipynb #e460f3f6
 class Embeddings(Mapping):
-    ("The embeddings in `out` by prompt id, read lazily; `manifest` (its columns) and `provenance` (a dict, None "
-     "when missing). Each row is checked against its shard's header (tensor, shape, tokens) when `out` is opened, "
-     "and each shard's bytes against its digest when it is first read.")
+    ("The embeddings in `out` by prompt id, read lazily; `manifest` (its columns) and `provenance` "
+     "(a dict, None when missing). Each row is checked against its shard's header (tensor, shape, "
+     "tokens) when `out` is opened, and each shard's bytes against its digest when it is first "
+     "read.")
     def __init__(self, out):
         self.out = Path(out)
         if not (self.out / MANIFEST).exists():
-            raise ValueError(f"{self.out}: no {MANIFEST}: not a finished encode-dataset output (run the job again "
-                             "with the same command to finish it)")
+            raise ValueError(f"{self.out}: no {MANIFEST}: not a finished encode-dataset output "
+                             "(run the job again with the same command to finish it)")
         self.manifest, self.job = _manifest(self.out)
         try: self.provenance = json.loads((self.out / PROVENANCE).read_text())
         except FileNotFoundError: self.provenance = None
         except (OSError, ValueError) as e:
-            raise ValueError(f"{self.out / PROVENANCE} cannot be read ({e}): remove it to read the embeddings without "
-                             "it") from None
+            raise ValueError(f"{self.out / PROVENANCE} cannot be read ({e}): remove it to read the "
+                             "embeddings without it") from None
         c = self.manifest
         self._where = {i: (s, t) for i, s, t in zip(c["id"], c["shard"], c["tensor"])}
         self._files = {}
@@ -470,30 +551,36 @@ class Embeddings(Mapping):
         for s, rs in sorted(rows.items()): self._check(s, rs)
 
     def _check(self, s: str, rows: list):
-        ("Shard `s` the job's, and each of its `rows` (id, shard, tensor, tokens, input hash) a `[tokens, hidden]` "
-         "tensor of it, the embedding of the row's inputs (the shard's header says whose).")
-        if why := shard_problem(self.out / s, None, self.job, digest=False): raise ValueError(f"{self.out / s}: {why}")
+        ("Shard `s` the job's, and each of its `rows` (id, shard, tensor, tokens, input hash) a "
+         "`[tokens, hidden]` tensor of it, the embedding of the row's inputs (the shard's header "
+         "says whose).")
+        if why := shard_problem(self.out / s, None, self.job, digest=False):
+            raise ValueError(f"{self.out / s}: {why}")
         with safe_open(self.out / s, "pt") as f:
             keys, inputs = set(f.keys()), shard_inputs(f)
             for i, _, t, n, h in rows:
                 shape = f.get_slice(t).get_shape() if t in keys else None
                 if shape is None or len(shape) != 2 or shape[0] != n or inputs.get(t) != h:
-                    what = (f"{'absent' if shape is None else tuple(shape)}, not {n} tokens" if shape is None
-                            or len(shape) != 2 or shape[0] != n else "the embedding of other inputs")
-                    raise ValueError(f"{self.out / MANIFEST}: row {i!r} points at {s}:{t}, {what}: the manifest "
-                                     "does not match its shards")
+                    short = shape is None or len(shape) != 2 or shape[0] != n
+                    got = "absent" if shape is None else tuple(shape)
+                    what = f"{got}, not {n} tokens" if short else "the embedding of other inputs"
+                    raise ValueError(f"{self.out / MANIFEST}: row {i!r} points at {s}:{t}, {what}: "
+                                     "the manifest does not match its shards")
 
     def __getitem__(self, pid: str) -> torch.Tensor:
         s, t = self._where[pid]
         if s not in self._files:
-            if why := shard_problem(self.out / s, None, self.job): raise ValueError(f"{self.out / s}: {why}")
+            if why := shard_problem(self.out / s, None, self.job):
+                raise ValueError(f"{self.out / s}: {why}")
         return read_embedding(self.out, s, t, self._files)
     def __iter__(self): return iter(self._where)
     def __len__(self) -> int: return len(self._where)
     def __repr__(self) -> str: return f"Embeddings({str(self.out)!r}: {len(self)} prompts)"
 
+# %% ../nbs/15_dataset.ipynb #73808987
 def load_embeddings(out) -> Embeddings:
-    "The embeddings of a finished `encode-dataset` output directory, by prompt id (lazy, memory-mapped), checked."
+    ("The embeddings of a finished `encode-dataset` output directory, by prompt id (lazy, "
+     "memory-mapped), checked.")
     return Embeddings(out)
 
 # %% ../nbs/15_dataset.ipynb #385c5d17
@@ -503,55 +590,71 @@ def _share(obj):
     box = [obj]; dist.broadcast_object_list(box, src=0)
     return box[0]
 
+# %% ../nbs/15_dataset.ipynb #59470513
 def _ended(run: str, err: str | None = None):
-    "Tell rank 0 that this rank's batches are done (`err` None) or failed with `err`: a key in the world's store."
+    ("Tell rank 0 that this rank's batches are done (`err` None) or failed with `err`: a key in "
+     "the world's store (and, failed, the run's one key that the watchdogs poll).")
     if dist.is_initialized() and dist.get_world_size() > 1:
-        dist.distributed_c10d._get_default_store().set(f"qwen3vl-l50/dataset/{run}/{dist.get_rank()}",
-                                                       "done" if err is None else f"failed\n{err}")
+        store = dist.distributed_c10d._get_default_store()
+        store.set(f"qwen3vl-l50/dataset/{run}/{dist.get_rank()}",
+                  "done" if err is None else f"failed\n{err}")
+        if err is not None: store.set(f"qwen3vl-l50/dataset/{run}/failed", "1")
 
 def _peers(run: str, skip: int | None = None) -> tuple[str | None, bool]:
-    "The first error a rank other than `skip` reported (or None), and whether every rank has reported its end."
+    ("The first error a rank other than `skip` reported (or None), and whether every rank has "
+     "reported its end.")
     if not dist.is_initialized() or dist.get_world_size() == 1: return None, True
     store, keys = dist.distributed_c10d._get_default_store(), []
     for r in range(dist.get_world_size()):
         if store.check([k := f"qwen3vl-l50/dataset/{run}/{r}"]) and r != skip:
             keys.append(k)
-            if (v := store.get(k).decode()).startswith("failed\n"): return v.removeprefix("failed\n"), False
+            if (v := store.get(k).decode()).startswith("failed\n"):
+                return v.removeprefix("failed\n"), False
     return None, len(keys) == dist.get_world_size()
 
+# %% ../nbs/15_dataset.ipynb #38e1f530
 def _heard(seconds: float = 60):
-    ("A failed rank: wait (at most `seconds`) for rank 0 to say the error it reported (`report_once`'s key), so that "
-     "it is said once.")
-    try: dist.distributed_c10d._get_default_store().wait(["qwen3vl-l50/error/0"], datetime.timedelta(seconds=seconds))
+    ("A failed rank: wait (at most `seconds`) for rank 0 to say the error it reported "
+     "(`report_once`'s key), so that it is said once.")
+    try:
+        store = dist.distributed_c10d._get_default_store()
+        store.wait(["qwen3vl-l50/error/0"], datetime.timedelta(seconds=seconds))
     except Exception: pass   # rank 0 is busy or gone: this rank says it itself
 
+# %% ../nbs/15_dataset.ipynb #3b161631
 def _watch(run: str, stop: threading.Event, grace: float = 10, every: float = 0.5):
-    ("Each rank's watchdog while it encodes: once another rank has reported a failure and this one is still here "
-     "`grace` s later (blocked in a collective with the failed rank, or encoding batches no one will use), say that "
-     "error (`report_once`) and end this process at once, code 2: no rank waits for a collective's timeout.")
-    me = dist.get_rank()
+    ("Each rank's watchdog while it encodes: once another rank has reported a failure and this one "
+     "is still here `grace` s later (blocked in a collective with the failed rank, or encoding "
+     "batches no one will use), say that error (`report_once`) and end this process at once, code "
+     "2: no rank waits for a collective's timeout.")
+    me, store = dist.get_rank(), dist.distributed_c10d._get_default_store()
+    flag = f"qwen3vl-l50/dataset/{run}/failed"   # one key a poll, whatever the world's size
     while not stop.wait(every):
-        try: err, _ = _peers(run, skip=me)
+        try: err = _peers(run, skip=me)[0] if store.check([flag]) else None
         except Exception: return   # the store is gone: torchrun is ending the job
         if err is not None and not stop.wait(grace):
             report_once(f"qwen3vl-l50 encode-dataset: error: {err}")
             os._exit(exit_code(2))   # the main thread may be inside a collective that never returns
 
+# %% ../nbs/15_dataset.ipynb #e81ae87a
 def _wait(bar, batches: list, run: str):
-    ("Rank 0: until every shard is there, or every rank has ended (a shard missing: `check_shards` names it); a "
-     "`ValueError` with another rank's error as soon as it reports one.")
+    ("Rank 0: until every shard is there, or every rank has ended (a shard missing: `check_shards` "
+     "names it); a `ValueError` with another rank's error as soon as it reports one.")
     while len(bar.poll()) < len(batches):
         err, ended = _peers(run)
         if err: raise ValueError(err)
         if ended: return
         time.sleep(0.2)
 
+# %% ../nbs/15_dataset.ipynb #ea6e78c9
 class Summary(NamedTuple):
-    "What a run did: prompts and tokens of the job, encoded now, from the cache, duplicates, seconds, ranks."
+    ("What a run did: prompts and tokens of the job, encoded now, from the cache, duplicates, "
+     "seconds, ranks.")
     status: str            # 'done', or 'finished' (all was encoded already)
     prompts: int           # the job's prompts (lines of the file)
     tokens: int            # and their tokens
-    encoded_prompts: int   # prompts encoded by this run (cache hits among them), each distinct input once
+    # prompts encoded by this run (cache hits among them), each distinct input once
+    encoded_prompts: int
     encoded_tokens: int    # and their tokens
     cache_hits: int        # prompts of this run read from the cache
     duplicates: int        # prompts whose inputs an earlier line has: not encoded again
@@ -559,47 +662,53 @@ class Summary(NamedTuple):
     world: int             # ranks: replicas x TP
 
     def __str__(self) -> str:
-        if self.status == "finished": return (f"nothing to do: all {self.prompts} prompts ({self.tokens:,} tokens) "
-                                              "are encoded already")
+        if self.status == "finished": return (f"nothing to do: all {self.prompts} prompts "
+                                              f"({self.tokens:,} tokens) are encoded already")
         rate = self.encoded_tokens / max(self.seconds, 1e-9)
-        return (f"encoded {self.encoded_prompts} prompts ({self.encoded_tokens:,} tokens) of {self.prompts} "
-                f"({self.tokens:,} tokens; {self.duplicates} duplicates, {self.cache_hits} cache hits) in "
-                f"{self.seconds:.1f} s: {rate:,.0f} tokens/s, {rate / self.world:,.0f} tokens/s per "
+        return (f"encoded {self.encoded_prompts} prompts ({self.encoded_tokens:,} tokens) of "
+                f"{self.prompts} ({self.tokens:,} tokens; {self.duplicates} duplicates, "
+                f"{self.cache_hits} cache hits) in {self.seconds:.1f} s: {rate:,.0f} tokens/s, "
+                f"{rate / self.world:,.0f} tokens/s per "
                 f"{'GPU' if torch.cuda.is_available() else 'rank'} ({self.world})")
 
 # %% ../nbs/15_dataset.ipynb #eb157d2d
 def same_kernels():
-    ("Within: inductor chooses its kernels without timing them (`torch._inductor.config.deterministic`, where "
-     "torch has it): fast mode's compiled kernels, so its bits, are the same in every process, a resumed job's too.")
+    ("Within: inductor chooses its kernels without timing them "
+     "(`torch._inductor.config.deterministic`, where torch has it): fast mode's compiled kernels, "
+     "so its bits, are the same in every process, a resumed job's too.")
     c = torch._inductor.config
     return c.patch(deterministic=True) if hasattr(c, "deterministic") else contextlib.nullcontext()
 
-def encode_dataset(model,                              # checkpoint directory (HF format)
-                   prompts_file,                       # JSON Lines, one prompt a line
-                   out,                                # output directory: shards, manifest.parquet, provenance.json
-                   layer: int | None = None,           # decoder layers kept (default: 50, or the model's if fewer)
-                   tp: int = 1,                        # ranks per replica (tensor-parallel size); replicas: world / tp
-                   numerics: Numerics = Numerics(),    # dtype, reduction, quantization, mode
-                   device=None,                        # cpu or cuda (default: cuda when available)
-                   batch_tokens: int = 8192,           # tokens per packed batch: a shard each
-                   cache=None,                         # embedding cache directory, shared across jobs (None: no cache)
-                   overwrite: bool = False,            # replace an output made with other settings (its job's files)
-                   max_pixels: int | None = None,      # images and video frames resized to at most this many pixels
-                   progress: bool = True,              # rank 0's progress bar
-                   command: str | None = None,         # the command line, for the provenance
+# %% ../nbs/15_dataset.ipynb #b2a2a839
+def encode_dataset(model,                            # checkpoint directory (HF format)
+                   prompts_file,                     # JSON Lines, one prompt a line
+                   out,                              # output: shards, manifest, provenance.json
+                   layer: int | None = None,         # decoder layers kept (default: 50, or fewer)
+                   tp: int = 1,                      # ranks per replica (TP size): world/tp of them
+                   numerics: Numerics = Numerics(),  # dtype, reduction, quantization, mode
+                   device=None,                      # cpu or cuda (default: cuda when available)
+                   batch_tokens: int = 8192,         # tokens per packed batch: a shard each
+                   cache=None,                       # embedding cache directory, across jobs
+                   overwrite: bool = False,          # replace another job's output (its files only)
+                   max_pixels: int | None = None,    # pixels at most of an image or video frame
+                   progress: bool = True,            # rank 0's progress bar
+                   command: str | None = None,       # the command line, for the provenance
                    ) -> Summary:
-    ("Encode every prompt of `prompts_file` into `out` (on every rank of the world); the `Summary` on rank 0 (on every "
-     "rank when all was done already), None on the others.")
-    t0, dev = time.perf_counter(), init_world(device, timeout_s=600)   # a collective waits at most 10 min for a peer
+    ("Encode every prompt of `prompts_file` into `out` (on every rank of the world); the `Summary` "
+     "on rank 0 (on every rank when all was done already), None on the others.")
+    # a collective waits at most 10 min for a peer
+    t0, dev = time.perf_counter(), init_world(device, timeout_s=600)
     world = dist.get_world_size() if dist.is_initialized() else 1
     if tp < 1 or world % tp:
-        raise ValueError(f"--tp {tp}: the {world} ranks are replicas x TP; choose a TP size dividing {world}, or run "
-                         f"{tp} ranks per replica (--nproc or torchrun --nproc_per_node)")
+        raise ValueError(f"--tp {tp}: the {world} ranks are replicas x TP; choose a TP size "
+                         f"dividing {world}, or run {tp} ranks per replica (--nproc or torchrun "
+                         "--nproc_per_node)")
     n = EncoderConfig.from_hf(model, 1).text.num_hidden_layers
     cfg = EncoderConfig.from_hf(model, min(50, n) if layer is None else layer)
     try: cfg.validate(tp)
     except ValueError as e: raise ValueError(f"--tp {tp}: {e}") from None
-    px = {} if max_pixels is None else dict(max_pixels=max_pixels, min_pixels=min(max_pixels, 32 * 32))
+    px = ({} if max_pixels is None else
+          dict(max_pixels=max_pixels, min_pixels=min(max_pixels, 32 * 32)))
     proc = Processor.from_pretrained(model, video=px or None, **px)
     prompts = read_prompts(prompts_file)
     items = scan(prompts, proc, cfg)   # every line checked: before any weight is read
@@ -613,31 +722,38 @@ def encode_dataset(model,                              # checkpoint directory (H
                              [(prompts[it.index].where, it.hash) for it in items])
         try:
             if state[0] == "new":
-                job_file = settings | dict(inputs=[it.hash for it in items])   # to name a line that changes
-                write_atomic(Path(out) / JOB, lambda t: t.write_text(json.dumps(job_file, indent=1) + "\n"))
-            for f in Path(out).glob(".*.tmp"): f.unlink()   # a killed run's half-written shard or file
+                # to name a line that changes
+                job_file = settings | dict(inputs=[it.hash for it in items])
+                text = json.dumps(job_file, indent=1) + "\n"
+                write_atomic(Path(out) / JOB, lambda t: t.write_text(text))
+            # a killed run's half-written shard or file
+            for f in Path(out).glob(".*.tmp"): f.unlink()
             if state[0] == "resume":
-                for bad in recheck(out, batches, job): print(f"encode-dataset: {bad}: encoded again", file=sys.stderr)
+                for bad in recheck(out, batches, job):
+                    print(f"encode-dataset: {bad}: encoded again", file=sys.stderr)
         except BaseException: release_lock(Path(out)); raise
     agree(prepare)
     state = _share(state[0])
-    try: return _encode(model, prompts_file, out, t0, dev, world, tp, cfg, numerics, proc, prompts, items, settings,
-                        job, store, batches, state, progress, command)
-    except BaseException:   # a job that wrote nothing leaves nothing: the corrected command needs no --overwrite
+    try: return _encode(model, prompts_file, out, t0, dev, world, tp, cfg, numerics, proc, prompts,
+                        items, settings, job, store, batches, state, progress, command)
+    # a job that wrote nothing leaves nothing: the corrected command needs no --overwrite
+    except BaseException:
         if is_rank0() and state == "new" and not list(Path(out).glob("shard-*.safetensors")):
             (Path(out) / JOB).unlink(missing_ok=True)
         raise
     finally:
         if is_rank0(): release_lock(Path(out))
 
-def _encode(model, prompts_file, out, t0, dev, world, tp, cfg, numerics, proc, prompts, items, settings, job, store,
-            batches, state, progress, command) -> Summary | None:
+# %% ../nbs/15_dataset.ipynb #3b98df18
+def _encode(model, prompts_file, out, t0, dev, world, tp, cfg, numerics, proc, prompts, items,
+            settings, job, store, batches, state, progress, command) -> Summary | None:
     "`encode_dataset` once `out` is ready (and locked by rank 0)."
     sizes = {k: sum(it.tokens for it in b) for k, b in enumerate(batches)}
-    done = _share({k for k in sizes if (Path(out) / shard_name(k)).exists()} if is_rank0() else None)
+    there = {k for k in sizes if (Path(out) / shard_name(k)).exists()} if is_rank0() else None
+    done = _share(there)
     dup = len(items) - sum(map(len, batches))
-    if state == "finished":
-        return Summary("finished", len(items), sum(it.tokens for it in items), 0, 0, 0, dup, 0.0, world)
+    tokens = sum(it.tokens for it in items)
+    if state == "finished": return Summary("finished", len(items), tokens, 0, 0, 0, dup, 0.0, world)
     group = encoder_group(tp, tiled=True) if dist.is_initialized() else None
     rank = dist.get_rank() if dist.is_initialized() else 0
     mine = assign({k: s for k, s in sizes.items() if k not in done}, world // tp)[rank // tp]
@@ -646,22 +762,27 @@ def _encode(model, prompts_file, out, t0, dev, world, tp, cfg, numerics, proc, p
     run = _share(os.urandom(8).hex() if is_rank0() else None)   # this run's keys in the store
     stop = threading.Event()   # ends the watchdog (`_watch`) when this rank leaves, done or failed
     if world > 1: threading.Thread(target=_watch, args=(run, stop), daemon=True).start()
-    with same_kernels():   # from from_pretrained's warm-up (fast mode compiles there) to the last batch
+    # from from_pretrained's warm-up (fast mode compiles there) to the last batch
+    with same_kernels():
         try:
-            enc = Encoder.from_pretrained(model, cfg.selected_layer, device=dev, group=group, progress=False,
-                                          **numerics.kwargs())
+            enc = Encoder.from_pretrained(model, cfg.selected_layer, device=dev, group=group,
+                                          progress=False, **numerics.kwargs())
             t1 = time.perf_counter()
             with Progress(out, sizes, counts, done, show=progress and is_rank0()) as bar:
-                again = lambda it: process_prompt(prompts[it.index], proc, cfg)   # processed again: not kept in memory
-                encode_batches(enc, {k: batches[k] for k in mine}, again, numerics.mode, out, store, job)
+                # processed again: not kept in memory
+                again = lambda it: process_prompt(prompts[it.index], proc, cfg)
+                encode_batches(enc, {k: batches[k] for k in mine}, again, numerics.mode, out, store,
+                               job)
                 _ended(run)
                 if not is_rank0(): return None
                 _wait(bar, batches, run)   # the other replicas' shards, or their errors
         except BaseException as e:   # rank 0 waits for no rank that failed
-            # another rank failed first: its error is the cause (this one, a collective broken by its exit, a symptom)
+            # another rank failed first: its error is the cause (this one, a collective broken by
+            # its exit, a symptom)
             peer = _peers(run, skip=rank)[0] if isinstance(e, Exception) else None
-            mine = str(e) if isinstance(e, Exception) and str(e) else f"rank {rank}: {type(e).__name__}"
-            _ended(run, peer or mine)
+            said = isinstance(e, Exception) and str(e)
+            own = str(e) if said else f"rank {rank}: {type(e).__name__}"
+            _ended(run, peer or own)
             if rank and isinstance(e, Exception): _heard()
             if peer is None: raise
             raise ValueError(peer) from None
@@ -670,10 +791,11 @@ def _encode(model, prompts_file, out, t0, dev, world, tp, cfg, numerics, proc, p
     check_shards(out, batches, job)
     new = [k for k in sizes if k not in done]
     hits = sum(int(_meta(Path(out) / shard_name(k)).get("cache_hits", 0)) for k in new)
-    s = Summary("done", len(items), sum(it.tokens for it in items), sum(len(batches[k]) for k in new),
+    s = Summary("done", len(items), tokens, sum(len(batches[k]) for k in new),
                 sum(sizes[k] for k in new), hits, dup, secs, world)
     wall = time.perf_counter() - t0
-    prov = run_provenance(model, settings, dev, world, tp, s, len(done), wall, prompts_file, command)
+    prov = run_provenance(model, settings, dev, world, tp, s, len(done), wall, prompts_file,
+                          command)
     write_manifest(out, items, batches, prov, job)
     return s
 
@@ -681,18 +803,24 @@ def _meta(p: Path) -> dict:
     with safe_open(p, "pt") as f: return f.metadata() or {}
 
 # %% ../nbs/15_dataset.ipynb #1ff5b27e
-def run_provenance(model, settings: dict, dev, world: int, tp: int, s: Summary, resumed: int, wall: float,
-                   prompts_file, command: str | None) -> dict:
-    "provenance.json: the checkpoint, the code, the settings, the devices, the date, the command, what was done."
+def run_provenance(model, settings: dict, dev, world: int, tp: int, s: Summary, resumed: int,
+                   wall: float, prompts_file, command: str | None) -> dict:
+    ("provenance.json: the checkpoint, the code, the settings, the devices, the date, the command, "
+     "what was done.")
     import transformers
     base = provenance(dev, git_commit(where=Path(qwen3vl_l50_nbdev.__file__).parent), command)
-    return dict(checkpoint=str(Path(model).resolve()), checkpoint_fingerprint=settings["checkpoint"],
-                package=qwen3vl_l50_nbdev.__version__, commit=base["commit"], torch=torch.__version__,
-                transformers=transformers.__version__, **{k: settings[k] for k in (
-                    "dtype", "layer", "tp", "reduce", "quant", "fp8_granularity", "fp8_act", "mode", "batch_tokens")},
+    kept = ("dtype", "layer", "tp", "reduce", "quant", "fp8_granularity", "fp8_act", "mode",
+            "batch_tokens")
+    return dict(checkpoint=str(Path(model).resolve()),
+                checkpoint_fingerprint=settings["checkpoint"],
+                package=qwen3vl_l50_nbdev.__version__, commit=base["commit"],
+                torch=torch.__version__, transformers=transformers.__version__,
+                **{k: settings[k] for k in kept},
                 replicas=world // tp, world=world, devices=base["device"], date=base["date"],
-                command=base["command"], prompts_file=str(Path(prompts_file).resolve()), prompts=s.prompts,
-                tokens=s.tokens, duplicates=s.duplicates, shards_done_before=resumed,
-                run=dict(prompts=s.encoded_prompts, tokens=s.encoded_tokens, cache_hits=s.cache_hits,
-                         seconds=round(s.seconds, 3), wall_seconds=round(wall, 3)),
+                command=base["command"], prompts_file=str(Path(prompts_file).resolve()),
+                prompts=s.prompts, tokens=s.tokens, duplicates=s.duplicates,
+                shards_done_before=resumed,
+                run=dict(prompts=s.encoded_prompts, tokens=s.encoded_tokens,
+                         cache_hits=s.cache_hits, seconds=round(s.seconds, 3),
+                         wall_seconds=round(wall, 3)),
                 **({"machine": base["machine"]} if "machine" in base else {}))

@@ -26,11 +26,13 @@ _OPS = {"sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX}
 
 @dataclass(frozen=True)
 class Group:
-    "A tensor-parallel group: member ranks of the world, this process's place in it, and collectives."
+    ("A tensor-parallel group: member ranks of the world, this process's place in it, and "
+     "collectives.")
     pg: object = None            # the torch.distributed ProcessGroup; None for a size-1 local group
     ranks: tuple = (0,)          # global ranks of the members, in group-rank order
     global_rank: int = 0         # this process's rank in the world
-    name: str = ""               # the process group's name (what symmetric memory and custom ops know it by)
+    # the process group's name (what symmetric memory and custom ops know it by)
+    name: str = ""
 
     @classmethod
     def local(cls) -> "Group":
@@ -48,24 +50,28 @@ class Group:
 
     def _check(self, op):
         if not self.is_member:
-            raise RuntimeError(f"rank {self.global_rank} is not a member of the encoder group {list(self.ranks)}: "
-                               f"only member ranks may call {op}")
+            raise RuntimeError(f"rank {self.global_rank} is not a member of the encoder group "
+                               f"{list(self.ranks)}: only member ranks may call {op}")
 
-    def all_reduce(self, x: torch.Tensor, dtype: torch.dtype | None = None, op: str = "sum") -> torch.Tensor:
-        ("`op` (`'sum'` or `'max'`) of `x` over the group, accumulated in `dtype` (default `x.dtype`); "
-         "a new tensor in `x.dtype`.")
+    def all_reduce(self, x: torch.Tensor, dtype: torch.dtype | None = None,
+                   op: str = "sum") -> torch.Tensor:
+        ("`op` (`'sum'` or `'max'`) of `x` over the group, accumulated in `dtype` (default "
+         "`x.dtype`); a new tensor in `x.dtype`.")
         self._check("all_reduce")
         if op not in _OPS: raise ValueError(f"op={op!r}: choose one of {list(_OPS)}")
         y = x.to(dtype or x.dtype, copy=True)
         if self.size > 1: dist.all_reduce(y, _OPS[op], group=self.pg)
         return y.to(x.dtype)
 
-    def sum_start(self, x: torch.Tensor, dtype: torch.dtype | None = None, slot: int = 0) -> "PendingSum":
-        ("Start the sum of `x` over the group, in `dtype`, without waiting: `.wait()` gives its terms. NCCL's (or "
-         "gloo's) asynchronous sum; `slot` is for `SymmetricSums.sum_start`, which takes the same arguments.")
+    def sum_start(self, x: torch.Tensor, dtype: torch.dtype | None = None,
+                  slot: int = 0) -> "PendingSum":
+        ("Start the sum of `x` over the group, in `dtype`, without waiting: `.wait()` gives its "
+         "terms. NCCL's (or gloo's) asynchronous sum; `slot` is for `SymmetricSums.sum_start`, "
+         "which takes the same arguments.")
         self._check("sum_start")
         y = x.to(dtype or x.dtype, copy=True)   # out of place, as `all_reduce`
-        return PendingSum((y,), dist.all_reduce(y, group=self.pg, async_op=True) if self.size > 1 else None)
+        work = dist.all_reduce(y, group=self.pg, async_op=True) if self.size > 1 else None
+        return PendingSum((y,), work)
 
     def broadcast(self, x: torch.Tensor, src: int = 0) -> torch.Tensor:
         "`x` from group rank `src` on every member (in place; returns `x`)."
@@ -79,15 +85,18 @@ class Group:
         if self.size > 1: dist.barrier(group=self.pg)
 
 # %% ../nbs/01_dist.ipynb #f33d0503
-ONE_SHOT_BYTES = 4 << 20   # the crossover on 2 H200s: one-shot wins at 2.6 MB, NCCL at 10.5 MB, tied at 5.2 MB
-# Symmetric memory is never freed: a peer may still copy into it, and CUDA graphs captured with it replay its address.
-# So every `OneShot` and `Exchange` made is kept here, under a key of its own. The custom ops (`one_shot_sum`,
-# `tp.linear_window_`) find theirs by that key: a custom op takes tensors, numbers and strings, not objects (an opaque
-# object argument, once PyTorch has a public one, would replace this lookup).
+# the crossover on 2 H200s: one-shot wins at 2.6 MB, NCCL at 10.5 MB, tied at 5.2 MB
+ONE_SHOT_BYTES = 4 << 20
+# Symmetric memory is never freed: a peer may still copy into it, and CUDA graphs captured with it
+# replay its address. So every `OneShot` and `Exchange` made is kept here, under a key of its own.
+# The custom ops (`one_shot_sum`, `tp.linear_window_`) find theirs by that key: a custom op takes
+# tensors, numbers and strings, not objects (an opaque object argument, once PyTorch has a public
+# one, would replace this lookup).
 _LIVE: dict = {}
 
 def _symmetric(group: "Group", sizes=None) -> bool:
-    "Can `group` have symmetric memory here: a member of an NCCL group of more than one rank (of `sizes`, if given)?"
+    ("Can `group` have symmetric memory here: a member of an NCCL group of more than one rank (of "
+     "`sizes`, if given)?")
     return (group.size > 1 and (sizes is None or group.size in sizes) and group.is_member
             and dist.get_backend(group.pg) == "nccl")
 
@@ -97,9 +106,11 @@ def _keep(obj, group: "Group", kind: str) -> str:
     _LIVE[key] = obj
     return key
 
+# %% ../nbs/01_dist.ipynb #ceee24de
 @torch.library.custom_op("qwen3vl_l50_nbdev::one_shot_sum", mutates_args=())
 def one_shot_sum(x: torch.Tensor, key: str) -> torch.Tensor:
-    "The sum of `x` over the group of the `OneShot` kept under `key`, through its symmetric buffer, in one kernel."
+    ("The sum of `x` over the group of the `OneShot` kept under `key`, through its symmetric "
+     "buffer, in one kernel.")
     o = _LIVE[key]
     buf = o.bufs[x.dtype][:x.numel()].view(x.shape)
     return torch.ops.symm_mem.one_shot_all_reduce_copy(buf, x.contiguous(), "sum", o.group.name)
@@ -107,8 +118,10 @@ def one_shot_sum(x: torch.Tensor, key: str) -> torch.Tensor:
 @one_shot_sum.register_fake
 def _(x, key): return torch.empty_like(x)
 
+# %% ../nbs/01_dist.ipynb #df769486
 class OneShot:
-    "Symmetric buffers of a CUDA group, one per dtype, for its sums of at most `max_bytes` in one kernel."
+    ("Symmetric buffers of a CUDA group, one per dtype, for its sums of at most `max_bytes` in one "
+     "kernel.")
     def __init__(self, group: "Group", bufs: dict):
         self.group, self.bufs = group, bufs
         self.key = _keep(self, group, "one-shot")
@@ -116,8 +129,9 @@ class OneShot:
     @classmethod
     def make(cls, group: "Group", max_bytes: int = ONE_SHOT_BYTES,
              dtypes=(torch.float32, torch.bfloat16)) -> "OneShot | None":
-        ("Buffers of `max_bytes` for each of `dtypes` (call on every member, with the same `dtypes` in the same "
-         "order); None, making nothing, where that cannot be had (size 1, CPU, gloo, no peer access).")
+        ("Buffers of `max_bytes` for each of `dtypes` (call on every member, with the same "
+         "`dtypes` in the same order); None, making nothing, where that cannot be had (size 1, "
+         "CPU, gloo, no peer access).")
         if not _symmetric(group) or max_bytes <= 0: return None
         try:
             import torch.distributed._symmetric_memory as symm
@@ -125,8 +139,10 @@ class OneShot:
             for dt in dtypes:
                 bufs[dt] = symm.empty(max_bytes // dt.itemsize, dtype=dt, device=dev)
                 symm.rendezvous(bufs[dt], group.name)   # collective: every member, in this order
-        except (RuntimeError, ImportError) as e:   # no peer access between the GPUs, an old torch: NCCL it is
-            warnings.warn(f"symmetric memory unavailable for group {list(group.ranks)} ({e}); its sums stay with NCCL")
+        # no peer access between the GPUs, an old torch: NCCL it is
+        except (RuntimeError, ImportError) as e:
+            warnings.warn(f"symmetric memory unavailable for group {list(group.ranks)} ({e}); its "
+                          "sums stay with NCCL")
             return None
         return cls(group, bufs)
 
@@ -139,45 +155,59 @@ class OneShot:
         return one_shot_sum(x, self.key)
 
 # %% ../nbs/01_dist.ipynb #d2ade58f
-EXCHANGE_BYTES, EXCHANGE_SLOTS = 48 << 20, 4   # an exchange slot holds half of 8192 tokens x 5120 in bf16 (40 MiB)
-WINDOW_BYTES = 4 << 20                          # a window (`Exchange.window`): 409 rows of 5120 in bf16
+# an exchange slot holds half of 8192 tokens x 5120 in bf16 (40 MiB)
+EXCHANGE_BYTES, EXCHANGE_SLOTS = 48 << 20, 4
+# a window (`Exchange.window`): 409 rows of 5120 in bf16
+WINDOW_BYTES = 4 << 20
 
 class PendingSum:
-    "A sum over the group in flight (`Group.sum_start`): `wait()` gives its terms, whose sum is the result."
-    def __init__(self, terms: tuple, work=None, event=None): self.terms, self.work, self.event = terms, work, event
+    ("A sum over the group in flight (`Group.sum_start`): `wait()` gives its terms, whose sum is "
+     "the result.")
+    def __init__(self, terms: tuple, work=None, event=None):
+        self.terms, self.work, self.event = terms, work, event
 
     def wait(self) -> tuple:
-        "The terms (the whole sum, or this rank's term and the peer's), once the current stream may read them."
+        ("The terms (the whole sum, or this rank's term and the peer's), once the current stream "
+         "may read them.")
         if self.work is not None: self.work.wait()
         if self.event is not None: torch.cuda.current_stream().wait_event(self.event)
         return self.terms
 
+# %% ../nbs/01_dist.ipynb #1edcd507
 def sum_terms(terms: tuple) -> torch.Tensor:
     "The sum that `PendingSum.wait`'s terms stand for (one term: the sum itself)."
     return terms[0] if len(terms) == 1 else terms[0] + terms[1]
 
+# %% ../nbs/01_dist.ipynb #cbe39824
 class Exchange:
-    ("A CUDA group of two's symmetric memory for sums without SMs: `EXCHANGE_SLOTS` exchange slots per rank "
-     "(`start`: a sum in flight on the copy engines) and two windows (`window`: a GEMM writes its term straight in).")
+    ("A CUDA group of two's symmetric memory for sums without SMs: `EXCHANGE_SLOTS` exchange slots "
+     "per rank (`start`: a sum in flight on the copy engines) and two windows (`window`: a GEMM "
+     "writes its term straight in).")
     def __init__(self, group: "Group", handle, mine: list, theirs: list, stream, windows: list):
-        self.group, self.handle, self.stream = group, handle, stream   # the handle's barriers; the copies' stream
-        self.mine, self.theirs = mine, theirs   # exchange slots (bytes): this rank's (the peer copies in), the peer's
-        self.windows = windows                  # (this rank's, the peer's) window, two of them (bytes)
+        # the handle's barriers; the copies' stream
+        self.group, self.handle, self.stream = group, handle, stream
+        # exchange slots (bytes): this rank's (the peer copies in), the peer's
+        self.mine, self.theirs = mine, theirs
+        # (this rank's, the peer's) window, two of them (bytes)
+        self.windows = windows
         self.key = _keep(self, group, "exchange")
 
     @classmethod
     def make(cls, group: "Group", max_bytes: int = EXCHANGE_BYTES) -> "Exchange | None":
-        ("Exchange slots of `max_bytes` and windows of `WINDOW_BYTES` for a CUDA `group` of two; call on every "
-         "member. None, making nothing, where that cannot be had (another size, CPU, gloo, no peer access).")
+        ("Exchange slots of `max_bytes` and windows of `WINDOW_BYTES` for a CUDA `group` of two; "
+         "call on every member. None, making nothing, where that cannot be had (another size, CPU, "
+         "gloo, no peer access).")
         if not _symmetric(group, (2,)) or max_bytes <= 0: return None
         try:
             import torch.distributed._symmetric_memory as symm
-            dev, size = torch.device("cuda", torch.cuda.current_device()), EXCHANGE_SLOTS * max_bytes + 2 * WINDOW_BYTES
+            dev = torch.device("cuda", torch.cuda.current_device())
+            size = EXCHANGE_SLOTS * max_bytes + 2 * WINDOW_BYTES
             buf = symm.empty(size, dtype=torch.uint8, device=dev)
             handle = symm.rendezvous(buf, group.name)   # collective
             peer = handle.get_buffer(1 - group.rank, (size,), torch.uint8)
         except (RuntimeError, ImportError) as e:
-            warnings.warn(f"symmetric memory unavailable for group {list(group.ranks)} ({e}); its sums stay with NCCL")
+            warnings.warn(f"symmetric memory unavailable for group {list(group.ranks)} ({e}); its "
+                          "sums stay with NCCL")
             return None
         slots = lambda t: list(t[:EXCHANGE_SLOTS * max_bytes].chunk(EXCHANGE_SLOTS))
         windows = list(zip(*(t[EXCHANGE_SLOTS * max_bytes:].chunk(2) for t in (buf, peer))))
@@ -188,61 +218,77 @@ class Exchange:
         return x.is_cuda and x.numel() * dtype.itemsize <= self.mine[0].numel()
 
     def start(self, y: torch.Tensor, slot: int) -> PendingSum:
-        "Copy `y` (contiguous) into the peer's exchange `slot`; meet the peer at the barrier, on the exchange's stream."
+        ("Copy `y` (contiguous) into the peer's exchange `slot`; meet the peer at the barrier, on "
+         "the exchange's stream.")
         n = y.numel() * y.element_size()
         self.stream.wait_stream(torch.cuda.current_stream())   # `y` is ready
         with torch.cuda.stream(self.stream):
-            self.theirs[slot][:n].copy_(y.view(-1).view(torch.uint8))   # the copy engines, over NVLink
-            self.handle.barrier(channel=slot)                           # both copies done (stream order)
+            # the copy engines, over NVLink
+            self.theirs[slot][:n].copy_(y.view(-1).view(torch.uint8))
+            # both copies done (stream order)
+            self.handle.barrier(channel=slot)
             done = torch.cuda.Event(); done.record()
-        return PendingSum((y, self.mine[slot][:n].view(y.dtype).view(y.shape)), event=done)   # `y` lives until the wait
+        # `y` lives until the wait
+        return PendingSum((y, self.mine[slot][:n].view(y.dtype).view(y.shape)), event=done)
 
     def window(self, i: int, nbytes: int) -> tuple | None:
-        ("This rank's and the peer's window `i` (0 or 1, bytes) where `nbytes` fit, else None. `window_barrier` after "
-         "writing into this rank's makes the peer's readable.")
+        ("This rank's and the peer's window `i` (0 or 1, bytes) where `nbytes` fit, else None. "
+         "`window_barrier` after writing into this rank's makes the peer's readable.")
         return self.windows[i] if nbytes <= self.windows[0][0].numel() else None
 
+# %% ../nbs/01_dist.ipynb #597f90e6
 def window_barrier(key: str, i: int):
-    "Meet the peer at the barrier of window `i` of the `Exchange` kept under `key`: what each rank wrote is readable."
+    ("Meet the peer at the barrier of window `i` of the `Exchange` kept under `key`: what each "
+     "rank wrote is readable.")
     _LIVE[key].handle.barrier(channel=EXCHANGE_SLOTS + i)
 
+# %% ../nbs/01_dist.ipynb #fa28a7b3
 class SymmetricSums:
-    ("A group's sums through symmetric memory where they fit (a `OneShot`, an `Exchange`), else through the group's "
-     "collectives: `all_reduce` and `sum_start` as `Group`'s. Fast mode makes one per encoder (`fast.apply_fast`).")
-    def __init__(self, group: "Group", one_shot: OneShot | None = None, exchange: Exchange | None = None):
+    ("A group's sums through symmetric memory where they fit (a `OneShot`, an `Exchange`), else "
+     "through the group's collectives: `all_reduce` and `sum_start` as `Group`'s. Fast mode makes "
+     "one per encoder (`fast.apply_fast`).")
+    def __init__(self, group: "Group", one_shot: OneShot | None = None,
+                 exchange: Exchange | None = None):
         self.group, self.one_shot, self.exchange = group, one_shot, exchange
 
     @classmethod
-    def make(cls, group: "Group", one_shot_bytes: int = ONE_SHOT_BYTES, exchange_bytes: int = EXCHANGE_BYTES,
+    def make(cls, group: "Group", one_shot_bytes: int = ONE_SHOT_BYTES,
+             exchange_bytes: int = EXCHANGE_BYTES,
              dtypes=(torch.float32, torch.bfloat16)) -> "SymmetricSums | None":
-        ("A `OneShot` of `one_shot_bytes` for `dtypes` and, in a group of two, an `Exchange` of `exchange_bytes` "
-         "(0: none); call on every member. None where neither can be had.")
-        one_shot, exchange = OneShot.make(group, one_shot_bytes, dtypes), Exchange.make(group, exchange_bytes)
+        ("A `OneShot` of `one_shot_bytes` for `dtypes` and, in a group of two, an `Exchange` of "
+         "`exchange_bytes` (0: none); call on every member. None where neither can be had.")
+        one_shot = OneShot.make(group, one_shot_bytes, dtypes)
+        exchange = Exchange.make(group, exchange_bytes)
         return None if one_shot is None and exchange is None else cls(group, one_shot, exchange)
 
-    def all_reduce(self, x: torch.Tensor, dtype: torch.dtype | None = None, op: str = "sum") -> torch.Tensor:
+    def all_reduce(self, x: torch.Tensor, dtype: torch.dtype | None = None,
+                   op: str = "sum") -> torch.Tensor:
         "`Group.all_reduce`, a sum that fits through the one-shot kernel."
         dt = dtype or x.dtype
         if op == "sum" and self.one_shot is not None and self.one_shot.fits(x, dt):
             return self.one_shot(x.to(dt)).to(x.dtype)   # out of place: no copy of `x`
         return self.group.all_reduce(x, dtype, op)
 
-    def sum_start(self, x: torch.Tensor, dtype: torch.dtype | None = None, slot: int = 0) -> PendingSum:
+    def sum_start(self, x: torch.Tensor, dtype: torch.dtype | None = None,
+                  slot: int = 0) -> PendingSum:
         "`Group.sum_start`, through the exchange's `slot` where it fits."
         dt = dtype or x.dtype
-        if self.exchange is None or not self.exchange.fits(x, dt): return self.group.sum_start(x, dtype)
+        if self.exchange is None or not self.exchange.fits(x, dt):
+            return self.group.sum_start(x, dtype)
         return self.exchange.start(x.to(dt).contiguous(), slot)
 
 # %% ../nbs/01_dist.ipynb #cf7eef40
 def encoder_group(tp: int | None = None, tiled: bool = False) -> Group:
-    ("The encoder group over the initialised world: the first `tp` ranks, or contiguous tiles of `tp` "
-     "(call on every rank).")
+    ("The encoder group over the initialised world: the first `tp` ranks, or contiguous tiles of "
+     "`tp` (call on every rank).")
     if not (dist.is_available() and dist.is_initialized()):
-        if tp not in (None, 1): raise RuntimeError(f"tp={tp} needs torch.distributed: run under torchrun or `spawn`")
+        if tp not in (None, 1):
+            raise RuntimeError(f"tp={tp} needs torch.distributed: run under torchrun or `spawn`")
         return Group.local()
     world, me = dist.get_world_size(), dist.get_rank()
     tp = world if tp is None else tp
-    if not 1 <= tp <= world: raise ValueError(f"tp={tp} but the world has {world} ranks: choose 1..{world}")
+    if not 1 <= tp <= world: raise ValueError(f"tp={tp} but the world has {world} ranks: choose "
+                                              f"1..{world}")
     if tiled and world % tp:
         raise ValueError(f"tp={tp} does not divide the world size {world}: tiling needs one of "
                          f"{[d for d in range(1, world + 1) if world % d == 0]}")
@@ -255,32 +301,41 @@ def encoder_group(tp: int | None = None, tiled: bool = False) -> Group:
 
 # %% ../nbs/01_dist.ipynb #55ea9c4e
 def _check_device(device: str | None, local_rank: int, world: int) -> torch.device:
-    "The device `init_world` uses: checked against what this machine has; `ValueError` saying what to pass."
+    ("The device `init_world` uses: checked against what this machine has; `ValueError` saying "
+     "what to pass.")
     if device is None: device = "cuda" if torch.cuda.is_available() else "cpu"
     try: dev = torch.device(device)
     except (RuntimeError, TypeError): dev = None
-    if dev is None or dev.type not in ("cpu", "cuda") or (dev.type == "cpu" and dev.index not in (None, 0)):
+    if dev is None or dev.type not in ("cpu", "cuda") or (dev.type == "cpu"
+                                                          and dev.index not in (None, 0)):
         raise ValueError(f"device={device!r}: choose 'cpu' or 'cuda' (one GPU per local rank)")
     if dev.type == "cpu": return torch.device("cpu")
     if not torch.cuda.is_available():
-        raise ValueError(f"device={device!r} but CUDA is not available here (torch {torch.__version__}, "
-                         f"{'CUDA ' + torch.version.cuda if torch.version.cuda else 'a CPU-only build'}, "
-                         f"{torch.cuda.device_count()} GPUs visible): use device 'cpu', or a machine with a GPU")
+        build = "CUDA " + torch.version.cuda if torch.version.cuda else "a CPU-only build"
+        raise ValueError(f"device={device!r} but CUDA is not available here (torch "
+                         f"{torch.__version__}, {build}, "
+                         f"{torch.cuda.device_count()} GPUs visible): use device 'cpu', or a "
+                         "machine with a GPU")
     if dev.index is not None and world > 1:
-        raise ValueError(f"device={device!r} under torchrun: each rank takes cuda:LOCAL_RANK, pass 'cuda'")
+        raise ValueError(f"device={device!r} under torchrun: each rank takes cuda:LOCAL_RANK, pass "
+                         "'cuda'")
     i, n = local_rank if dev.index is None else dev.index, torch.cuda.device_count()
-    if i >= n: raise ValueError(f"cuda:{i} asked for (local rank {local_rank}) but this machine shows {n} GPU(s): "
-                                f"run at most {n} ranks per node, or check CUDA_VISIBLE_DEVICES")
+    if i >= n: raise ValueError(f"cuda:{i} asked for (local rank {local_rank}) but this machine "
+                                f"shows {n} GPU(s): run at most {n} ranks per node, or check "
+                                "CUDA_VISIBLE_DEVICES")
     return torch.device("cuda", i)
 
+# %% ../nbs/01_dist.ipynb #a3f272f2
 def init_world(device: str | None = None, timeout_s: int = 120) -> torch.device:
-    "Join torchrun's world if there is one; return this rank's device (`cuda:LOCAL_RANK` or `cpu`), checked."
+    ("Join torchrun's world if there is one; return this rank's device (`cuda:LOCAL_RANK` or "
+     "`cpu`), checked.")
     world = int(os.environ.get("WORLD_SIZE", 1))
     dev = _check_device(device, int(os.environ.get("LOCAL_RANK", 0)), world)
     cuda = dev.type == "cuda"
     if cuda: torch.cuda.set_device(dev)
     if world > 1 and not dist.is_initialized():
-        dist.init_process_group("nccl" if cuda else "gloo", timeout=datetime.timedelta(seconds=timeout_s),
+        dist.init_process_group("nccl" if cuda else "gloo",
+                                timeout=datetime.timedelta(seconds=timeout_s),
                                 **({"device_id": dev} if cuda else {}))
     return dev
 
@@ -296,6 +351,7 @@ class RemoteTraceback(Exception):
     "The traceback of an exception raised on another rank (shown as the cause)."
     def __str__(self): return self.args[0]
 
+# %% ../nbs/01_dist.ipynb #f6647515
 def _worker(fn, rank, world, store, args, q, threads):
     try:
         torch.set_num_threads(threads)
@@ -304,7 +360,9 @@ def _worker(fn, rank, world, store, args, q, threads):
         out = fn(*args)
         buf = io.BytesIO(); torch.save(out, buf)
         q.put((rank, True, buf.getvalue()))
-        dist.barrier()   # leave together: a rank that exits early can break its peers' gloo connections mid-collective
+        # leave together: a rank that exits early can break its peers' gloo connections
+        # mid-collective
+        dist.barrier()
     except BaseException as e:
         try: q.put((rank, False, (e, traceback.format_exc())))
         except Exception: q.put((rank, False, (RuntimeError(repr(e)), traceback.format_exc())))
@@ -313,9 +371,12 @@ def _worker(fn, rank, world, store, args, q, threads):
 
 # %% ../nbs/01_dist.ipynb #7e557f74
 def _died(procs, results) -> RuntimeError | None:
-    "A 'rank died' error for the first rank that exited abnormally without a result (a signal, `os._exit`)."
-    dead = [(r, p.exitcode) for r, p in enumerate(procs) if p.exitcode not in (None, 0) and r not in results]
-    return dead and RuntimeError(f"rank {dead[0][0]} died with exit code {dead[0][1]} before returning") or None
+    ("A 'rank died' error for the first rank that exited abnormally without a result (a signal, "
+     "`os._exit`).")
+    dead = [(r, p.exitcode) for r, p in enumerate(procs)
+            if p.exitcode not in (None, 0) and r not in results]
+    return dead and RuntimeError(f"rank {dead[0][0]} died with exit code {dead[0][1]} before "
+                                 "returning") or None
 
 def _collect(procs, q, timeout):
     "Results by rank; on the first failure, death or timeout: kill everyone and raise."
@@ -326,10 +387,12 @@ def _collect(procs, q, timeout):
             except Exception:
                 if (err := _died(procs, results)) and (time.sleep(0.5) or q.empty()): raise err
                 if time.monotonic() > deadline:
-                    raise TimeoutError(f"spawn: no result from ranks "
-                                       f"{sorted(set(range(len(procs))) - set(results))} after {timeout} s")
+                    raise TimeoutError("spawn: no result from ranks "
+                                       f"{sorted(set(range(len(procs))) - set(results))} after "
+                                       f"{timeout} s")
                 continue
-            if not ok:   # a rank raised; if another died, that death is the cause and the raise its symptom
+            # a rank raised; if another died, that death is the cause and the raise its symptom
+            if not ok:
                 exc, tb = payload
                 exc.__cause__ = RemoteTraceback(f"\n--- on rank {rank} ---\n{tb}")
                 time.sleep(0.5)
@@ -342,15 +405,17 @@ def _collect(procs, q, timeout):
             if p.is_alive(): p.kill()
         for p in procs: p.join(5)
 
+# %% ../nbs/01_dist.ipynb #0f7f9a63
 def spawn(fn, world_size: int, *args, timeout: float = 300, threads: int = 1) -> list:
-    "Run `fn(*args)` on `world_size` gloo ranks; return their results in rank order, or re-raise the first failure."
+    ("Run `fn(*args)` on `world_size` gloo ranks; return their results in rank order, or re-raise "
+     "the first failure.")
     method = "spawn" if (sys.platform != "linux" or torch.cuda.is_initialized()) else "fork"
     ctx = mp.get_context(method)
     with tempfile.TemporaryDirectory() as d:
         q = ctx.Queue()
-        procs = [ctx.Process(target=_worker, args=(fn, r, world_size, os.path.join(d, "store"), args, q, threads),
-                             daemon=True)
-                 for r in range(world_size)]
+        store = os.path.join(d, "store")
+        procs = [ctx.Process(target=_worker, args=(fn, r, world_size, store, args, q, threads),
+                             daemon=True) for r in range(world_size)]
         for p in procs: p.start()
         return _collect(procs, q, timeout)
 
@@ -361,7 +426,8 @@ def is_rank0() -> bool:
 
 # %% ../nbs/01_dist.ipynb #b31307c6
 def agree(fn):
-    "Run `fn` on rank 0 only and raise its `ValueError` on every rank (call on every rank: a broadcast)."
+    ("Run `fn` on rank 0 only and raise its `ValueError` on every rank (call on every rank: a "
+     "broadcast).")
     err = None
     if is_rank0():
         try: fn()
@@ -373,13 +439,15 @@ def agree(fn):
 
 # %% ../nbs/01_dist.ipynb #7adbc2e7
 def report_once(msg: str):
-    "Print an error once across the ranks: rank 0's, or another rank's when rank 0 does not have the same one."
+    ("Print an error once across the ranks: rank 0's, or another rank's when rank 0 does not have "
+     "the same one.")
     rank = dist.get_rank() if dist.is_initialized() else int(os.environ.get("RANK", 0))
     if rank == 0 or not dist.is_initialized():
         if rank == 0: print(msg, file=sys.stderr, flush=True)
         if dist.is_initialized():
             try: dist.distributed_c10d._get_default_store().set("qwen3vl-l50/error/0", msg)
-            except Exception: pass   # no store (a world without one): the message is printed all the same
+            # no store (a world without one): the message is printed all the same
+            except Exception: pass
         return
     try:
         store = dist.distributed_c10d._get_default_store()
@@ -389,11 +457,13 @@ def report_once(msg: str):
     if not same: print(f"[rank {rank}] {msg}", file=sys.stderr, flush=True)
 
 # %% ../nbs/01_dist.ipynb #551f5f3d
-RC_DIR = "QWEN3VL_L50_RC_DIR"   # set by the CLI's launcher for its ranks: where each writes its exit code
+# set by the CLI's launcher for its ranks: where each writes its exit code
+RC_DIR = "QWEN3VL_L50_RC_DIR"
 
 def exit_code(rc: int) -> int:
-    ("The code this rank exits with for the command's `rc`: under the CLI's launcher `rc` is written to `RC_DIR` "
-     "(`rc.RANK`), and 1 or 2 (a verdict, an error said) exit 0, so that torchrun adds no traceback of its own.")
+    ("The code this rank exits with for the command's `rc`: under the CLI's launcher `rc` is "
+     "written to `RC_DIR` (`rc.RANK`), and 1 or 2 (a verdict, an error said) exit 0, so that "
+     "torchrun adds no traceback of its own.")
     if d := os.environ.get(RC_DIR):
         with open(os.path.join(d, f"rc.{os.environ.get('RANK', 0)}"), "w") as f: f.write(str(rc))
         if rc in (1, 2): return 0

@@ -40,36 +40,47 @@ from .provenance import git_commit, provenance
 QUANTS = tuple(q or "none" for q in _QUANTS)   # settings.QUANTS as the comma lists write them
 
 def parse_list(flag: str, text: str, choices=None, cast=str) -> list:
-    "A comma-separated option value as a list, each item cast and checked against `choices`; `ValueError` naming it."
+    ("A comma-separated option value as a list, each item cast and checked against `choices`; "
+     "`ValueError` naming it.")
     items = [s.strip() for s in str(text).split(",")]
-    if not all(items): raise ValueError(f"{flag} {text!r}: an empty item; give values separated by commas")
+    if not all(items): raise ValueError(f"{flag} {text!r}: an empty item; give values separated by "
+                                        "commas")
     try: vals = [cast(s) for s in items]
-    except ValueError: raise ValueError(f"{flag} {text!r}: each item must be {cast.__name__}, e.g. 1,2") from None
+    except ValueError: raise ValueError(f"{flag} {text!r}: each item must be {cast.__name__}, e.g. "
+                                        "1,2") from None
     if choices is not None and (bad := [v for v in vals if v not in choices]):
-        raise ValueError(f"{flag} {text!r}: unknown value {bad[0]!r}; choose from {', '.join(map(str, choices))}")
+        raise ValueError(f"{flag} {text!r}: unknown value {bad[0]!r}; choose from "
+                         f"{', '.join(map(str, choices))}")
     return list(dict.fromkeys(vals))
 
-def variants(tp="1", reduce="fp32", quant="none", fp8_granularity="channel", mode="exact") -> list[Variant]:
+# %% ../nbs/14_validate.ipynb #40e2ad81
+def variants(tp="1", reduce="fp32", quant="none", fp8_granularity="channel",
+             mode="exact") -> list[Variant]:
     "Every variant of the comma-separated lists (as the command's options), without duplicates."
     tps = parse_list("--tp", tp, cast=int)
-    if bad := [t for t in tps if t < 1]: raise ValueError(f"--tp {tp!r}: {bad[0]} ranks; TP sizes are 1 or more")
-    lists = (tps, parse_list("--reduce", reduce, REDUCE_MODES), parse_list("--quant", quant, QUANTS),
-             parse_list("--fp8-granularity", fp8_granularity, GRANULARITIES), parse_list("--mode", mode, MODES))
+    if bad := [t for t in tps if t < 1]:
+        raise ValueError(f"--tp {tp!r}: {bad[0]} ranks; TP sizes are 1 or more")
+    lists = (tps, parse_list("--reduce", reduce, REDUCE_MODES),
+             parse_list("--quant", quant, QUANTS),
+             parse_list("--fp8-granularity", fp8_granularity, GRANULARITIES),
+             parse_list("--mode", mode, MODES))
     out = [Variant(t, r if t > 1 else "none", q, g if q == "fp8" else "none", m)
            for t, q, m, r, g in itertools.product(lists[0], lists[2], lists[4], lists[1], lists[3])]
     return list(dict.fromkeys(out))
 
-
 # %% ../nbs/14_validate.ipynb #601055e3
 def _rows(xs, refs, hfs, first: int = 1, **labels) -> list[dict]:
-    "Rows of `xs` against `refs` (rel L2, cosine, max |diff|) and HF bf16's `hfs` (bitwise, max |diff|), per layer."
+    ("Rows of `xs` against `refs` (rel L2, cosine, max |diff|) and HF bf16's `hfs` (bitwise, max "
+     "|diff|), per layer.")
     rows = []
     for layer, (x, r, h) in enumerate(zip(xs, refs, hfs, strict=True), first):
         e, b = diff_row(x, r), diff_row(x, h)
-        rows.append(labels | dict(layer=layer, rel_l2=e["rel_l2"], cosine=e["cosine"], max_abs=e["max_abs"],
+        rows.append(labels | dict(layer=layer, rel_l2=e["rel_l2"], cosine=e["cosine"],
+                                  max_abs=e["max_abs"],
                                   bitwise_hf=b["bitwise"], max_abs_hf=b["max_abs"]))
     return rows
 
+# %% ../nbs/14_validate.ipynb #32f501ad
 def baseline_rows(ref: Reference, prompts: dict) -> list[dict]:
     "HF bf16's own rows: accumulated, local and output errors of every prompt."
     v, rows = Variant(mode="hf"), []
@@ -84,28 +95,33 @@ def baseline_rows(ref: Reference, prompts: dict) -> list[dict]:
 # %% ../nbs/14_validate.ipynb #eddb987d
 def _timed(fn):
     "`fn()` and its wall seconds (a CUDA device idle before and after)."
-    sync = torch.cuda.synchronize if torch.cuda.is_available() and torch.cuda.is_initialized() else lambda: None
+    cuda = torch.cuda.is_available() and torch.cuda.is_initialized()
+    sync = torch.cuda.synchronize if cuda else lambda: None
     sync(); t = time.perf_counter()
     out = fn()
     sync()
     return out, time.perf_counter() - t
 
-def measure(enc: Encoder, v: Variant, prompts: dict, ref: Reference | None, teacher: dict, bar=None) -> list[dict]:
-    ("Every member of `enc`'s group runs each prompt: warm-up, timed, per-layer, teacher-forced (by `teacher`); "
-     "rank 0 returns the rows against `ref` (other ranks: []).")
+def measure(enc: Encoder, v: Variant, prompts: dict, ref: Reference | None, teacher: dict,
+            bar=None) -> list[dict]:
+    ("Every member of `enc`'s group runs each prompt: warm-up, timed, per-layer, teacher-forced "
+     "(by `teacher`); rank 0 returns the rows against `ref` (other ranks: []).")
     rows, me = [], enc.group.rank == 0
     for p, x in prompts.items():
         enc.encode(**x)
         out, secs = _timed(lambda: enc.encode(**x))
         n = len(x["input_ids"])
-        rows_run = enc.runner.rows(n)   # fast mode may run padded rows: the teacher gets pad rows too
+        # fast mode may run padded rows: the teacher gets pad rows too
+        rows_run = enc.runner.rows(n)
         forced = [F.pad(t, (0, 0, 0, rows_run - n)) for t in teacher[p]]
-        with torch.compiler.set_stance("force_eager"):   # hooks in compiled layers would recompile them per prompt
+        # hooks in compiled layers would recompile them per prompt
+        with torch.compiler.set_stance("force_eager"):
             with layer_states(enc.text) as acc: enc.encode(**x)
             with layer_states(enc.text, teacher=forced) as loc: enc.encode(**x)
         acc, loc = [s[:n] for s in acc], [s[:n] for s in loc]
         if me:
-            lab = dict(variant=v.name, **v._asdict(), prompt=p, seq=len(x["input_ids"]), time_s=secs)
+            lab = dict(variant=v.name, **v._asdict(), prompt=p, seq=len(x["input_ids"]),
+                       time_s=secs)
             rows += _rows(acc, ref.states[p], ref.hf[p], kind="accumulated", **lab)
             rows += _rows(loc, ref.states[p], ref.hf_local[p], kind="local", **lab)
             rows += _rows([out], ref.states[p][-1:], ref.hf[p][-1:], len(acc), kind="output", **lab)
@@ -115,77 +131,95 @@ def measure(enc: Encoder, v: Variant, prompts: dict, ref: Reference | None, teac
 
 # %% ../nbs/14_validate.ipynb #78830275
 def report_bytes(variants: int, prompts: int, layers: int) -> int:
-    ("A generous estimate of a run's report: a `results.csv` row for each layer twice (accumulated, local) and for "
-     "the output, of HF bf16 and each variant on each prompt, ~0.6 KiB a row; the pictures and tables of report.html "
-     "and report.ipynb, ~0.25 MiB a variant; 1 MiB more.")
-    return (variants + 1) * prompts * (2 * layers + 1) * 640 + (variants + 1) * (256 << 10) + (1 << 20)
+    ("A generous estimate of a run's report: a `results.csv` row for each layer twice "
+     "(accumulated, local) and for the output, of HF bf16 and each variant on each prompt, ~0.6 "
+     "KiB a row; the pictures and tables of report.html and report.ipynb, ~0.25 MiB a variant; 1 "
+     "MiB more.")
+    rows = (variants + 1) * prompts * (2 * layers + 1)
+    return rows * 640 + (variants + 1) * (256 << 10) + (1 << 20)
 
+# %% ../nbs/14_validate.ipynb #39fa2090
 def _probe(p: Path, need: int):
-    "Write `need` bytes in `p`, synced, then remove them: `OSError` where they do not fit (a full disk, a quota)."
+    ("Write `need` bytes in `p`, synced, then remove them: `OSError` where they do not fit (a full "
+     "disk, a quota).")
     block = os.urandom(1 << 20)   # not zeros: a compressing filesystem would store those in nothing
     with tempfile.NamedTemporaryFile(dir=p, prefix=".validate-probe-") as f:
         for at in range(0, need, len(block)): f.write(block[:need - at])
         f.flush(); os.fsync(f.fileno())
 
 def check_out_dir(path, need: int = 0) -> Path:
-    ("`path` as a directory a report of `need` bytes can be written to (made if missing), checked by writing that "
-     "much in it before the run; else `ValueError` (a directory it made is removed again).")
+    ("`path` as a directory a report of `need` bytes can be written to (made if missing), checked "
+     "by writing that much in it before the run; else `ValueError` (a directory it made is removed "
+     "again).")
     p = Path(path)
     if str(path).strip() == "": raise ValueError("--out is empty: name a directory for the report")
-    if p.exists() and not p.is_dir(): raise ValueError(f"--out {p} is a file: name a directory for the report")
+    if p.exists() and not p.is_dir():
+        raise ValueError(f"--out {p} is a file: name a directory for the report")
     made = not p.exists()
     try:
         p.mkdir(parents=True, exist_ok=True)
         with tempfile.NamedTemporaryFile(dir=p, prefix=".validate-"): pass
     except OSError as e:
-        raise ValueError(f"--out {p} is not writable ({e.strerror or e}): choose another place or fix its "
-                         "permissions") from None
+        raise ValueError(f"--out {p} is not writable ({e.strerror or e}): choose another place or "
+                         "fix its permissions") from None
     try: _probe(p, need)
     except OSError as e:
         if made: p.rmdir()
-        raise ValueError(f"--out {p} cannot hold the report (about {need / 2 ** 20:.1f} MiB: {e.strerror or e}): "
-                         "free space there or name another --out") from None
+        raise ValueError(f"--out {p} cannot hold the report (about {need / 2 ** 20:.1f} MiB: "
+                         f"{e.strerror or e}): free space there or name another --out") from None
     return p
 
+# %% ../nbs/14_validate.ipynb #f29bc578
 REPORT = ("results.csv", "report.html", "report.ipynb")   # a run's report, in its --out
 INCOMPLETE = "INCOMPLETE"   # there while a run has not written its whole report
 
 def begin_report(out) -> list[str]:
-    ("Rank 0, before the run: an earlier report in `out` said to be replaced, and removed (an interrupted run leaves "
-     "no stale verdict); `out`/INCOMPLETE until this run's report is whole. The files removed.")
+    ("Rank 0, before the run: an earlier report in `out` said to be replaced, and removed (an "
+     "interrupted run leaves no stale verdict); `out`/INCOMPLETE until this run's report is whole. "
+     "The files removed.")
     p = Path(out)
     old = [f for f in REPORT if (p / f).exists()]
     if old:
-        when = time.strftime("%Y-%m-%d %H:%M", time.localtime(max((p / f).stat().st_mtime for f in old)))
-        print(f"validate: replacing the earlier report in {p} ({', '.join(old)} of {when})", flush=True)
+        last = max((p / f).stat().st_mtime for f in old)
+        when = time.strftime("%Y-%m-%d %H:%M", time.localtime(last))
+        print(f"validate: replacing the earlier report in {p} ({', '.join(old)} of "
+              f"{when})", flush=True)
     for f in old: (p / f).unlink()
-    (p / INCOMPLETE).write_text(f"a validate run started here at {time.strftime('%Y-%m-%d %H:%M:%S')} has not "
-                                "finished: no report yet (run it again)\n")
+    (p / INCOMPLETE).write_text("a validate run started here at "
+                                f"{time.strftime('%Y-%m-%d %H:%M:%S')} has not finished: no report "
+                                "yet (run it again)\n")
     return old
 
+# %% ../nbs/14_validate.ipynb #e344daff
 def write_results(df: pd.DataFrame, out) -> Path:
-    "`out`/results.csv, whole or not at all; `ValueError` naming it when it cannot be written (a full disk)."
-    return write_report_file(Path(out) / "results.csv", lambda t: df.to_csv(t, index=False, float_format="%.9g"))
+    ("`out`/results.csv, whole or not at all; `ValueError` naming it when it cannot be written (a "
+     "full disk).")
+    return write_report_file(Path(out) / "results.csv",
+                             lambda t: df.to_csv(t, index=False, float_format="%.9g"))
 
+# %% ../nbs/14_validate.ipynb #42602769
 def _check_tps(vs: list[Variant], cfg: EncoderConfig, world: int):
-    "Each TP size divides the checkpoint's heads and MLP, and fits the ranks there are; else `ValueError`."
+    ("Each TP size divides the checkpoint's heads and MLP, and fits the ranks there are; else "
+     "`ValueError`.")
     for t in sorted({v.tp for v in vs}):
         try: cfg.validate(t)
         except ValueError as e: raise ValueError(f"--tp {t}: {e}") from None
         if t > world:
-            raise ValueError(f"--tp {t} needs {t} ranks but this run has {world}: add --nproc {max(v.tp for v in vs)}"
-                             f" (or run under torchrun --nproc_per_node {max(v.tp for v in vs)})")
+            raise ValueError(f"--tp {t} needs {t} ranks but this run has {world}: add --nproc "
+                             f"{max(v.tp for v in vs)} (or run under torchrun --nproc_per_node "
+                             f"{max(v.tp for v in vs)})")
 
 # %% ../nbs/14_validate.ipynb #16195a15
 def _share(states: dict | None, prompts: dict, layers: int, hidden: int, dtype, device) -> dict:
-    "Rank 0's reference states on every rank of the world (a broadcast per state, through `device`)."
+    ("Rank 0's reference states on every rank of the world (a broadcast per state, through "
+     "`device`).")
     if not dist.is_initialized() or dist.get_world_size() == 1: return states
     me, out = dist.get_rank(), {}
     for p, x in prompts.items():
         out[p] = []
         for i in range(layers):
-            t = states[p][i].to(device) if me == 0 else torch.empty(len(x["input_ids"]), hidden, dtype=dtype,
-                                                                     device=device)
+            t = (states[p][i].to(device) if me == 0 else
+                 torch.empty(len(x["input_ids"]), hidden, dtype=dtype, device=device))
             dist.broadcast(t, 0)
             out[p].append(states[p][i] if me == 0 else t.cpu())
     return out
@@ -193,74 +227,83 @@ def _share(states: dict | None, prompts: dict, layers: int, hidden: int, dtype, 
 # %% ../nbs/14_validate.ipynb #5f3950c3
 REF_DTYPES = {"fp32": torch.float32, "fp64": torch.float64}
 
-def prepare(model, prompts_file, out, layer: int | None = None, tp="1", reduce="fp32", quant="none",
-            fp8_granularity="channel", mode="exact", ref_dtype: str = "fp32", max_pixels: int | None = None,
-            only: list[Variant] | None = None):
-    ("Every check before a weight is read; returns (config, variants, {id: encode inputs}, checkpoint). `only`: these "
-     "variants instead of the lists' combinations.")
+def prepare(model, prompts_file, out, layer: int | None = None, tp="1", reduce="fp32",
+            quant="none", fp8_granularity="channel", mode="exact", ref_dtype: str = "fp32",
+            max_pixels: int | None = None, only: list[Variant] | None = None):
+    ("Every check before a weight is read; returns (config, variants, {id: encode inputs}, "
+     "checkpoint). `only`: these variants instead of the lists' combinations.")
     world = dist.get_world_size() if dist.is_initialized() else 1
-    if ref_dtype not in REF_DTYPES: raise ValueError(f"--ref-dtype {ref_dtype!r}: choose fp32 or fp64")
+    if ref_dtype not in REF_DTYPES:
+        raise ValueError(f"--ref-dtype {ref_dtype!r}: choose fp32 or fp64")
     vs = list(only) if only else variants(tp, reduce, quant, fp8_granularity, mode)
     if checkpoint_format(model) and any(v.quant == "fp8" for v in vs):
-        raise ValueError(f"--quant fp8: {model} is a block-FP8 checkpoint (config.json's quantization_config), FP8 "
-                         "already: validate it with --quant none (its variants run its own block-scaled FP8)")
+        raise ValueError(f"--quant fp8: {model} is a block-FP8 checkpoint (config.json's "
+                         "quantization_config), FP8 already: validate it with --quant none (its "
+                         "variants run its own block-scaled FP8)")
     n = EncoderConfig.from_hf(model, 1).text.num_hidden_layers
     cfg = EncoderConfig.from_hf(model, min(50, n) if layer is None else layer)
     _check_tps(vs, cfg, world)
     qs = read_prompts(prompts_file)
-    px = {} if max_pixels is None else dict(max_pixels=max_pixels, min_pixels=min(max_pixels, 32 * 32))
+    px = ({} if max_pixels is None else
+          dict(max_pixels=max_pixels, min_pixels=min(max_pixels, 32 * 32)))
     proc = Processor.from_pretrained(model, video=px or None, **px)
     xs = process_prompts(qs, proc, cfg)
     ck = Checkpoint(model)   # the headers, checked (a truncated shard stops here)
-    # last: bad input leaves no --out behind; a disk too full for the report is found now, not after the run
+    # last: bad input leaves no --out behind; a disk too full for the report is found now, not
+    # after the run
     agree(lambda: check_out_dir(out, report_bytes(len(vs), len(xs), cfg.selected_layer)))
     return cfg, vs, xs, ck
 
 # %% ../nbs/14_validate.ipynb #381ff2e3
-def validate(model,                            # checkpoint directory (HF format)
-             prompts_file,                     # JSON Lines, one prompt a line
-             out,                              # report directory: results.csv, report.html, report.ipynb
-             layer: int | None = None,         # decoder layers kept (default: 50, or the model's if fewer)
-             tp="1",                           # TP sizes, comma-separated: "1,2"
-             reduce="fp32",                    # reductions at TP > 1, comma-separated: bf16, fp32, fp32-partials
-             quant="none",                     # quantizations, comma-separated: none, fp8
-             fp8_granularity="channel",        # FP8 scale granularities, comma-separated: tensor, channel
-             mode="exact",                     # modes, comma-separated: exact, fast
-             ref_dtype: str = "fp32",          # the reference's dtype: fp32 or fp64
-             device=None,                      # cpu or cuda (default: cuda when available)
-             max_pixels: int | None = None,    # images and video frames resized to at most this many pixels
-             perturb=None,                     # `perturb(encoder, variant)` after loading: to test the verdicts
-             progress: bool = True,            # rank 0's progress bars
-             command: str | None = None,       # the command line, for the provenance
-             report: bool = True,              # write report.html and report.ipynb besides results.csv
-             only: list[Variant] | None = None,   # these variants instead of the lists' combinations
+def validate(model,                          # checkpoint directory (HF format)
+             prompts_file,                   # JSON Lines, one prompt a line
+             out,                            # report directory: results.csv, report.html, .ipynb
+             layer: int | None = None,       # decoder layers kept (default: 50, or the model's)
+             tp="1",                         # TP sizes, comma-separated: "1,2"
+             reduce="fp32",                  # reductions at TP > 1: bf16, fp32, fp32-partials
+             quant="none",                   # quantizations, comma-separated: none, fp8
+             fp8_granularity="channel",      # FP8 scale granularities: tensor, channel
+             mode="exact",                   # modes, comma-separated: exact, fast
+             ref_dtype: str = "fp32",        # the reference's dtype: fp32 or fp64
+             device=None,                    # cpu or cuda (default: cuda when available)
+             max_pixels: int | None = None,  # images and video frames resized to at most this
+             perturb=None,                   # `perturb(encoder, variant)` once loaded: for tests
+             progress: bool = True,          # rank 0's progress bars
+             command: str | None = None,     # the command line, for the provenance
+             report: bool = True,            # report.html and report.ipynb besides results.csv
+             only: list[Variant] | None = None,  # these variants instead of the lists'
              ):
-    ("Validate checkpoint `model` on the prompts of `prompts_file` for every variant of the lists given (or `only` "
-     "these); rank 0 writes `out`/results.csv and the report and returns (results, verdicts), other ranks None.")
+    ("Validate checkpoint `model` on the prompts of `prompts_file` for every variant of the lists "
+     "given (or `only` these); rank 0 writes `out`/results.csv and the report and returns "
+     "(results, verdicts), other ranks None.")
     dev = init_world(device)
-    cfg, vs, xs, ck = prepare(model, prompts_file, out, layer, tp, reduce, quant, fp8_granularity, mode, ref_dtype,
-                              max_pixels, only)
+    cfg, vs, xs, ck = prepare(model, prompts_file, out, layer, tp, reduce, quant, fp8_granularity,
+                              mode, ref_dtype, max_pixels, only)
     n, rank0, rdt = cfg.selected_layer, is_rank0(), REF_DTYPES[ref_dtype]
     if rank0: begin_report(out)
-    if ck.fmt is not None and block_kernel(dev) == "scaled_mm":   # block-scaled GEMMs: FP8's rule; else dequantized
+    # block-scaled GEMMs: FP8's rule; else dequantized
+    if ck.fmt is not None and block_kernel(dev) == "scaled_mm":
         vs = [v._replace(quant="blocks", granularity="block") for v in vs]
     ref = reference(model, xs, n, rdt, dev, progress and rank0) if rank0 else None
-    teacher = _share(ref and ref.states, xs, n, cfg.text.hidden_size, rdt, dev) if max(v.tp for v in vs) > 1 else (
-        ref and ref.states)
+    teacher = (_share(ref and ref.states, xs, n, cfg.text.hidden_size, rdt, dev)
+               if max(v.tp for v in vs) > 1 else ref and ref.states)
     rows = baseline_rows(ref, xs) if rank0 else []
-    bar = tqdm(total=len(vs) * len(xs), desc="variants x prompts", unit="run", disable=not (progress and rank0))
+    bar = tqdm(total=len(vs) * len(xs), desc="variants x prompts", unit="run",
+               disable=not (progress and rank0))
     for v in vs:
         bar.set_postfix_str(v.name)
         reset_peak(dev)
         group = encoder_group(v.tp) if dist.is_initialized() else None
-        enc = Encoder.from_pretrained(model, n, device=dev, group=group, progress=False, **v.numerics().kwargs())
+        enc = Encoder.from_pretrained(model, n, device=dev, group=group, progress=False,
+                                      **v.numerics().kwargs())
         vrows = []
         if enc.is_loaded:
             if perturb is not None: perturb(enc, v)
             vrows = measure(enc, v, xs, ref, teacher, bar if rank0 else None)
         peaks = gather_objects(peak_gib(dev) if enc.is_loaded else float("nan"))
-        rows += [r | dict(peak_gib=max(x for x in peaks if x == x), peak_gib_ranks=";".join(f"{x:.3f}" for x in peaks))
-                 for r in vrows]
+        peak = dict(peak_gib=max(x for x in peaks if x == x),
+                    peak_gib_ranks=";".join(f"{x:.3f}" for x in peaks))
+        rows += [r | peak for r in vrows]
         del enc; gc.collect()
         if dev.type == "cuda": torch.cuda.empty_cache()
         if dist.is_initialized(): dist.barrier()
@@ -275,36 +318,45 @@ def validate(model,                            # checkpoint directory (HF format
 
 # %% ../nbs/14_validate.ipynb #ae35fd1e
 def run_validate(a, perturb=None) -> int:
-    ("`qwen3vl-l50 validate` with the parsed options `a`, on every rank: the verdicts printed (rank 0), "
-     "exit code 1 when a variant is outside its contract, the same on every rank.")
-    res = validate(a.model, a.prompts, a.out, a.layer, a.tp, a.reduce, a.quant, a.fp8_granularity, a.mode,
+    ("`qwen3vl-l50 validate` with the parsed options `a`, on every rank: the verdicts printed "
+     "(rank 0), exit code 1 when a variant is outside its contract, the same on every rank.")
+    res = validate(a.model, a.prompts, a.out, a.layer, a.tp, a.reduce, a.quant, a.fp8_granularity,
+                   a.mode,
                    a.ref_dtype, a.device, a.max_pixels, perturb)
     rc = 0
     if res is not None:
         df, v = res
         with pd.option_context("display.width", 200, "display.max_colwidth", 80):
-            print(v.drop(columns=["rule"]).to_string(index=False, float_format=lambda x: f"{x:.3g}"))
+            print(v.drop(columns=["rule"]).to_string(index=False,
+                                                     float_format=lambda x: f"{x:.3g}"))
         bad = v[~v.passed]
-        for r in bad.itertuples(): print(f"FAIL {r.variant}: {r.contract}; worst prompts: {r.worst_prompts}")
+        for r in bad.itertuples(): print(f"FAIL {r.variant}: {r.contract}; worst prompts: "
+                                         f"{r.worst_prompts}")
         print(("PASS: every variant within the numerics contract" if bad.empty else
-               f"FAIL: {len(bad)} of {len(v)} variant(s) outside the contract") + f"; report in {a.out}/report.html")
+               f"FAIL: {len(bad)} of {len(v)} variant(s) outside the "
+               "contract") + f"; report in {a.out}/report.html")
         rc = 0 if bad.empty else 1
     if dist.is_initialized() and dist.get_world_size() > 1:
         box = [rc]; dist.broadcast_object_list(box, src=0); rc = box[0]
     return rc
 
 # %% ../nbs/14_validate.ipynb #863024b1
-def run_meta(model, ck: Checkpoint, device, ref: Reference, ref_dtype: str, command: str | None = None) -> dict:
+def run_meta(model, ck: Checkpoint, device, ref: Reference, ref_dtype: str,
+             command: str | None = None) -> dict:
     "The provenance columns of a validation run."
     import transformers
     world = dist.get_world_size() if dist.is_initialized() else 1
     if command is None:
-        command = ("qwen3vl-l50 " if world == 1 else f"torchrun --nproc_per_node {world} -m qwen3vl_l50_nbdev.cli "
-                   ) + " ".join(map(shlex.quote, sys.argv[1:]))
-    base = provenance(device, git_commit(where=Path(qwen3vl_l50_nbdev.__file__).parent), command)   # the code's
-    return dict(checkpoint=str(Path(model).resolve()), checkpoint_sha=checkpoint_fingerprint(model, ck.files),
+        launcher = ("qwen3vl-l50 " if world == 1 else
+                    f"torchrun --nproc_per_node {world} -m qwen3vl_l50_nbdev.cli ")
+        command = launcher + " ".join(map(shlex.quote, sys.argv[1:]))
+    # the code's
+    base = provenance(device, git_commit(where=Path(qwen3vl_l50_nbdev.__file__).parent), command)
+    return dict(checkpoint=str(Path(model).resolve()),
+                checkpoint_sha=checkpoint_fingerprint(model, ck.files),
                 weights="bf16" if ck.fmt is None else "fp8 blocks {}x{}".format(*ck.fmt.block),
-                package=qwen3vl_l50_nbdev.__version__, **{k: base[k] for k in (
-                "commit", "torch")}, transformers=transformers.__version__, device=base["device"], world=world,
-                date=base["date"], ref_dtype=ref_dtype, ref_seconds=ref.seconds, ref_peak_gib=ref.peak_gib,
-                command=command, **({"machine": base["machine"]} if "machine" in base else {}))
+                package=qwen3vl_l50_nbdev.__version__, commit=base["commit"], torch=base["torch"],
+                transformers=transformers.__version__, device=base["device"], world=world,
+                date=base["date"], ref_dtype=ref_dtype, ref_seconds=ref.seconds,
+                ref_peak_gib=ref.peak_gib, command=command,
+                **({"machine": base["machine"]} if "machine" in base else {}))

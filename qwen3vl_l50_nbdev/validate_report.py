@@ -4,7 +4,7 @@
 
 # %% auto #0
 __all__ = ['HF_BF16', 'REPORT_CELLS', 'verdicts', 'growth_figure', 'spread_figure', 'time_figure', 'load_results', 'output_table',
-           'report_html', 'write_report_file', 'report_notebook', 'write_report']
+           'report_html', 'report_notebook', 'write_report', 'write_report_file']
 
 # %% ../nbs/13a_validate_report.ipynb #551e2706
 import base64
@@ -27,7 +27,8 @@ def _variant_of(g: pd.DataFrame) -> Variant:
     return Variant(int(r.tp), r["reduce"], r.quant, r.granularity, r["mode"])
 
 def verdicts(df: pd.DataFrame, worst: int = 3) -> pd.DataFrame:
-    "One row per variant: its rule, bound, worst and median ratio to HF bf16's own output error, pass, worst prompts."
+    ("One row per variant: its rule, bound, worst and median ratio to HF bf16's own output error, "
+     "pass, worst prompts.")
     own = df[(df.variant == HF_BF16) & (df.kind == "output")].set_index("prompt")["rel_l2"]
     out = []
     for name, g in df[df.variant != HF_BF16].groupby("variant", sort=False):
@@ -35,9 +36,11 @@ def verdicts(df: pd.DataFrame, worst: int = 3) -> pd.DataFrame:
         o = g[g.kind == "output"].set_index("prompt")
         ratio = (o.rel_l2 / own.reindex(o.index)).sort_values(ascending=False)
         if bound is None:
-            diff = g[~g.bitwise_hf.astype(bool)].sort_values("layer", kind="stable").drop_duplicates("prompt")
+            diff = g[~g.bitwise_hf.astype(bool)].sort_values("layer", kind="stable")
+            diff = diff.drop_duplicates("prompt")
             ok = diff.empty
-            names = ", ".join(f"{r.prompt} (layer {r.layer} {r.kind}, max |diff| {r.max_abs_hf:.3g})"
+            names = ", ".join(f"{r.prompt} (layer {r.layer} {r.kind}, max |diff| "
+                              f"{r.max_abs_hf:.3g})"
                               for r in diff.head(worst).itertuples())
             rule_txt = "bitwise equal to HF bf16 at every layer"
         else:
@@ -56,7 +59,8 @@ def _colors(names) -> dict:
     return {n: cyc[i % len(cyc)] for i, n in enumerate(names)}
 
 def growth_figure(df: pd.DataFrame):
-    "rel L2 to the reference per layer, accumulated and local: a line per variant (median over prompts) and its band."
+    ("rel L2 to the reference per layer, accumulated and local: a line per variant (median over "
+     "prompts) and its band.")
     import matplotlib.pyplot as plt
     from matplotlib.ticker import MaxNLocator
     names = list(dict.fromkeys(df.variant)); col = _colors([n for n in names if n != HF_BF16])
@@ -68,7 +72,8 @@ def growth_figure(df: pd.DataFrame):
             med, lo, hi = s.median(), s.min(), s.max()
             style = dict(color="k", ls="--", lw=2) if n == HF_BF16 else dict(color=col[n], lw=1.5)
             ax.plot(med.index, med.values, label=n, marker="." if len(med) <= 16 else None, **style)
-            if n != HF_BF16: ax.fill_between(med.index, lo.values, hi.values, color=col[n], alpha=0.15, lw=0)
+            if n != HF_BF16:
+                ax.fill_between(med.index, lo.values, hi.values, color=col[n], alpha=0.15, lw=0)
         ax.set(title=f"{kind} error", xlabel="decoder layer", yscale="log")
         ax.xaxis.set_major_locator(MaxNLocator(integer=True)); ax.grid(alpha=0.3, which="both")
     axes[0].set_ylabel("rel L2 to the reference")
@@ -84,7 +89,8 @@ def _ratios(df: pd.DataFrame) -> pd.DataFrame:
     return o.assign(ratio=o.rel_l2.values / own.reindex(o.prompt).values)
 
 def spread_figure(df: pd.DataFrame):
-    "Each prompt's output rel L2 as a multiple of HF bf16's own, per variant, with the variant's bound (red)."
+    ("Each prompt's output rel L2 as a multiple of HF bf16's own, per variant, with the variant's "
+     "bound (red).")
     import matplotlib.pyplot as plt
     o = _ratios(df); names = list(dict.fromkeys(o.variant)); col = _colors(names)
     fig, ax = plt.subplots(figsize=(12, 3.8), dpi=100)
@@ -92,49 +98,61 @@ def spread_figure(df: pd.DataFrame):
         r = o[o.variant == n].ratio.values
         ax.scatter(i + np.linspace(-0.15, 0.15, len(r)), r, color=col[n], s=22, zorder=3)
         b = contract(_variant_of(o[o.variant == n]))[1]
-        ax.hlines(b or 1.0, i - 0.35, i + 0.35, color="tab:red", lw=2, label="bound" if i == 0 else None)
+        ax.hlines(b or 1.0, i - 0.35, i + 0.35, color="tab:red", lw=2,
+                  label="bound" if i == 0 else None)
     ax.set_xticks(range(len(names)), names, rotation=15, ha="right")
-    ax.set(ylabel="output rel L2 / HF bf16's", yscale="log", title="per-prompt spread of the output error")
-    ax.axhline(1, color="k", ls="--", lw=1, label="HF bf16"); ax.grid(alpha=0.3, axis="y", which="both")
+    ax.set(ylabel="output rel L2 / HF bf16's", yscale="log",
+           title="per-prompt spread of the output error")
+    ax.axhline(1, color="k", ls="--", lw=1, label="HF bf16")
+    ax.grid(alpha=0.3, axis="y", which="both")
     ax.legend(frameon=False, loc="upper left"); fig.tight_layout()
     return fig
 
+# %% ../nbs/13a_validate_report.ipynb #252a718b
 def time_figure(df: pd.DataFrame):
     "Median time per prompt against the median output error (x HF bf16's), a point per variant."
     import matplotlib.pyplot as plt
-    o = _ratios(df).groupby("variant", sort=False).agg(ms=("time_s", "median"), ratio=("ratio", "median"))
+    o = _ratios(df).groupby("variant", sort=False).agg(ms=("time_s", "median"),
+                                                        ratio=("ratio", "median"))
     col = _colors(list(o.index))
     fig, ax = plt.subplots(figsize=(8, 4), dpi=100)
     for n, r in o.iterrows():
         ax.scatter(1e3 * r.ms, r.ratio, color=col[n], s=40)
         ax.annotate(n, (1e3 * r.ms, r.ratio), xytext=(5, 4), textcoords="offset points", fontsize=9)
     ax.set(xlabel="median time per prompt (ms, rank 0)", ylabel="median output rel L2 / HF bf16's",
-           title="time against error", yscale="log"); ax.grid(alpha=0.3, which="both"); fig.tight_layout()
+           title="time against error", yscale="log")
+    ax.grid(alpha=0.3, which="both"); fig.tight_layout()
     return fig
 
 # %% ../nbs/13a_validate_report.ipynb #51a57171
 def load_results(path) -> pd.DataFrame:
     "A validation's `results.csv` (a file, or its directory)."
     p = Path(path)
-    return pd.read_csv(p / "results.csv" if p.is_dir() else p, keep_default_na=False, na_values=[""])
+    return pd.read_csv(p / "results.csv" if p.is_dir() else p, keep_default_na=False,
+                       na_values=[""])
 
+# %% ../nbs/13a_validate_report.ipynb #d30c5f06
 def _png(fig) -> str:
     import matplotlib.pyplot as plt
     buf = io.BytesIO(); fig.savefig(buf, format="png", bbox_inches="tight"); plt.close(fig)
     return base64.b64encode(buf.getvalue()).decode()
 
 def output_table(df: pd.DataFrame) -> pd.DataFrame:
-    "Per variant (HF bf16 first): the output's rel L2, cosine and max |diff| over the prompts, time and peak memory."
+    ("Per variant (HF bf16 first): the output's rel L2, cosine and max |diff| over the prompts, "
+     "time and peak memory.")
     o = df[df.kind == "output"]
     return o.groupby("variant", sort=False).agg(
-        prompts=("prompt", "nunique"), rel_l2_median=("rel_l2", "median"), rel_l2_max=("rel_l2", "max"),
-        cosine_min=("cosine", "min"), max_abs=("max_abs", "max"), time_ms=("time_s", lambda s: 1e3 * s.median()),
+        prompts=("prompt", "nunique"), rel_l2_median=("rel_l2", "median"),
+        rel_l2_max=("rel_l2", "max"),
+        cosine_min=("cosine", "min"), max_abs=("max_abs", "max"),
+        time_ms=("time_s", lambda s: 1e3 * s.median()),
         peak_gib=("peak_gib", "max"))
 
 # %% ../nbs/13a_validate_report.ipynb #d969eb84
 _CSS = ("body{font-family:system-ui,sans-serif;max-width:1100px;margin:2em auto;color:#222}"
-        "table{border-collapse:collapse;font-size:13px;margin:1em 0}td,th{border:1px solid #ccc;padding:3px 8px}"
-        "th{background:#f3f3f3}.pass{color:#070;font-weight:bold}.fail{color:#b00;font-weight:bold}"
+        "table{border-collapse:collapse;font-size:13px;margin:1em 0}"
+        "td,th{border:1px solid #ccc;padding:3px 8px}th{background:#f3f3f3}"
+        ".pass{color:#070;font-weight:bold}.fail{color:#b00;font-weight:bold}"
         "img{max-width:100%}code{background:#f3f3f3;padding:0 3px}")
 
 def report_html(df: pd.DataFrame) -> str:
@@ -146,20 +164,23 @@ def report_html(df: pd.DataFrame) -> str:
     vt = fmt(verdict).replace("<td>PASS</td>", '<td class="pass">PASS</td>').replace(
         "<td>FAIL</td>", '<td class="fail">FAIL</td>')
     failed = v[~v.passed].variant.tolist()
-    head = (f'<p class="fail">{len(failed)} of {len(v)} variant(s) outside the contract: {H.escape(", ".join(failed))}'
-            "</p>" if failed else f'<p class="pass">All {len(v)} variant(s) within the numerics contract.</p>')
+    head = (f'<p class="fail">{len(failed)} of {len(v)} variant(s) outside the contract: '
+            f'{H.escape(", ".join(failed))}</p>' if failed else
+            f'<p class="pass">All {len(v)} variant(s) within the numerics contract.</p>')
     img = lambda f: f'<img src="data:image/png;base64,{_png(f)}">'
-    prov = [c for c in ("checkpoint", "checkpoint_sha", "weights", "package", "commit", "torch", "transformers",
-                        "device", "world", "date", "ref_dtype", "ref_seconds", "ref_peak_gib", "machine", "command")
-            if c in df]
+    prov = [c for c in ("checkpoint", "checkpoint_sha", "weights", "package", "commit", "torch",
+                        "transformers", "device", "world", "date", "ref_dtype", "ref_seconds",
+                        "ref_peak_gib", "machine", "command") if c in df]
     pt = "".join(f"<tr><th>{c}</th><td>{H.escape(str(m[c]))}</td></tr>" for c in prov)
-    return (f"<!doctype html><html><head><meta charset='utf-8'><title>qwen3vl-l50 validate</title><style>{_CSS}"
-            f"</style></head><body><h1>Validation of {H.escape(Path(str(m.checkpoint)).name)}</h1>{head}"
+    return ("<!doctype html><html><head><meta charset='utf-8'><title>qwen3vl-l50 validate</title>"
+            f"<style>{_CSS}</style></head><body>"
+            f"<h1>Validation of {H.escape(Path(str(m.checkpoint)).name)}</h1>{head}"
             f"<h2>Verdict per variant</h2>{vt}"
-            f"<p>Against transformers' {m.ref_dtype} reference; layer {int(df.layer.max())} is the output. "
-            "Ratios are each prompt's rel L2 over HF bf16's own.</p>"
+            f"<p>Against transformers' {m.ref_dtype} reference; layer {int(df.layer.max())} is the "
+            "output. Ratios are each prompt's rel L2 over HF bf16's own.</p>"
             f"<h2>Error through the layers</h2>{img(growth_figure(df))}"
-            f"<h2>Per-prompt spread</h2>{img(spread_figure(df))}<h2>Time against error</h2>{img(time_figure(df))}"
+            f"<h2>Per-prompt spread</h2>{img(spread_figure(df))}"
+            f"<h2>Time against error</h2>{img(time_figure(df))}"
             f"<h2>The output, per variant</h2>{fmt(output_table(df).reset_index())}"
             f"<h2>Provenance</h2><table>{pt}</table></body></html>")
 
@@ -167,34 +188,31 @@ def report_html(df: pd.DataFrame) -> str:
 REPORT_CELLS = [
     ("markdown", "# Validation report\n> Rendered from `results.csv` beside this notebook by "
                  "`qwen3vl_l50_nbdev.validate_report`: rerun it to render it again."),
-    ("code", "from qwen3vl_l50_nbdev.validate_report import (load_results, verdicts, output_table, growth_figure,\n"
-             "                                                        spread_figure, time_figure)\n"
-             "df = load_results('results.csv')\nverdicts(df)"),
+    ("code", "from qwen3vl_l50_nbdev.validate_report import (load_results, verdicts, output_table, "
+             "growth_figure,\n                                                        "
+             "spread_figure, time_figure)\ndf = load_results('results.csv')\nverdicts(df)"),
     ("code", "growth_figure(df);"), ("code", "spread_figure(df);"), ("code", "time_figure(df);"),
     ("code", "output_table(df)"),
-    ("code", "df.iloc[0][['checkpoint', 'checkpoint_sha', 'package', 'commit', 'torch', 'transformers', 'device',\n"
-             "            'world', 'date', 'ref_dtype', 'ref_seconds', 'ref_peak_gib', 'command']]"),
+    ("code", "df.iloc[0][['checkpoint', 'checkpoint_sha', 'package', 'commit', 'torch', "
+             "'transformers', 'device',\n            'world', 'date', 'ref_dtype', 'ref_seconds', "
+             "'ref_peak_gib', 'command']]"),
 ]
 
-def write_report_file(path, write) -> Path:
-    ("`write(tmp)` made `path` through `write_atomic` (the old file or the whole new one, never a part); a "
-     "`ValueError` naming `path` when it cannot be written (a full disk).")
-    try: return write_atomic(path, write)
-    except OSError as e:
-        raise ValueError(f"{path} cannot be written ({e.strerror or e}): free space there or name another "
-                         "--out") from None
-
 def report_notebook(out) -> Path:
-    ("`out`/report.ipynb, written whole or not at all: the report's cells, executed in `out` where `execnb` is "
-     "installed (nbdev's executor), else unexecuted (run it in Jupyter).")
-    nb = dict(cells=[dict(cell_type=t, id=f"c{i}", metadata={}, source=s, **(dict(outputs=[], execution_count=None)
-                          if t == "code" else {})) for i, (t, s) in enumerate(REPORT_CELLS)],
-              metadata=dict(kernelspec=dict(display_name="python3", language="python", name="python3")),
+    ("`out`/report.ipynb, written whole or not at all: the report's cells, executed in `out` where "
+     "`execnb` is installed (nbdev's executor), else unexecuted (run it in Jupyter).")
+    code = dict(outputs=[], execution_count=None)
+    nb = dict(cells=[dict(cell_type=t, id=f"c{i}", metadata={}, source=s,
+                          **(code if t == "code" else {}))
+                     for i, (t, s) in enumerate(REPORT_CELLS)],
+              metadata=dict(kernelspec=dict(display_name="python3", language="python",
+                                            name="python3")),
               nbformat=4, nbformat_minor=5)
     dst = Path(out).resolve() / "report.ipynb"
     try: from execnb.shell import CaptureShell
     except ImportError: CaptureShell = None
-    def write(tmp: Path):   # executed in the temp file beside `dst`, which reads results.csv beside it
+    # executed in the temp file beside `dst`, which reads results.csv beside it
+    def write(tmp: Path):
         tmp.write_text(json.dumps(nb, indent=1))
         if CaptureShell is None: return
         cwd = os.getcwd()
@@ -203,18 +221,29 @@ def report_notebook(out) -> Path:
         finally: os.chdir(cwd)
     write_report_file(dst, write)
     if CaptureShell is None:
-        print(f"{dst}: written, not executed (execnb, nbdev's executor, is not installed): run it in Jupyter")
+        print(f"{dst}: written, not executed (execnb, nbdev's executor, is not installed): run it "
+              "in Jupyter")
     return dst
 
+# %% ../nbs/13a_validate_report.ipynb #44c092cb
 def write_report(out) -> tuple[Path, Path]:
     "`out`/report.html and `out`/report.ipynb from `out`/results.csv, each whole or not at all."
     try: import matplotlib
     except ImportError:
-        print(f"matplotlib is not installed: no report (results.csv is in {out}; render it where matplotlib is, "
-              "with validate_report.write_report)")
+        print(f"matplotlib is not installed: no report (results.csv is in {out}; render it where "
+              "matplotlib is, with validate_report.write_report)")
         return None, None
     if "matplotlib.pyplot" not in sys.modules: matplotlib.use("Agg")   # no display on a GPU node
     df = load_results(out)
-    html = write_report_file(Path(out) / "report.html", lambda t: t.write_text(report_html(df), encoding="utf-8"))
+    html = write_report_file(Path(out) / "report.html",
+                             lambda t: t.write_text(report_html(df), encoding="utf-8"))
     return html, report_notebook(out)
 
+# %% ../nbs/13a_validate_report.ipynb #d3e2227d
+def write_report_file(path, write) -> Path:
+    ("`write(tmp)` made `path` through `write_atomic` (the old file or the whole new one, never a "
+     "part); a `ValueError` naming `path` when it cannot be written (a full disk).")
+    try: return write_atomic(path, write)
+    except OSError as e:
+        raise ValueError(f"{path} cannot be written ({e.strerror or e}): free space there or name "
+                         "another --out") from None
