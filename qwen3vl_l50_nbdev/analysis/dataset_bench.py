@@ -119,8 +119,11 @@ def run(cfg: EncoderConfig, n: int, device, batch_tokens=(8192,), fp8: bool = Tr
         free_memory(device)
         for b in batch_tokens:
             measure(name("bf16", b), dataset_job(fast, b, d), b)
-            if b == batch_tokens[0]:   # the integrity checks' cost: the same job without them, right after
+            if b == batch_tokens[0]:
+                # the integrity checks' cost: the job without them, then with them again (the first job
+                # paid the first calls of the batches' shapes: both of these find them done)
                 measure(name("bf16", b) + " unchecked", dataset_job(fast, b, d, checks=False), b)
+                measure(name("bf16", b) + " checked again", dataset_job(fast, b, d), b)
         if fp8:   # as speed.run: both encoders' decoders in FP8, one copy, the fast runners (graphs) made anew
             for e in (enc, fast): quantize_model_(e.text)
             fast.load_state_dict(enc.state_dict(), assign=True)
@@ -145,7 +148,8 @@ def targets(df: pd.DataFrame) -> pd.DataFrame:
     got = {"bf16 of the GEMM-bound limit": df.set_index("method").of_limit.get("encode-dataset fast bf16"),
            "FP8 / bf16": t.get("encode-dataset fast FP8", float("nan")) / t.get("encode-dataset fast bf16"),
            "2 replicas / 1": t.get("encode-dataset fast bf16 x2", float("nan")) / t.get("encode-dataset fast bf16"),
-           "integrity checks: checked / unchecked": t.get("encode-dataset fast bf16") / t.get(
+           "integrity checks: checked / unchecked": t.get(
+               "encode-dataset fast bf16 checked again", float("nan")) / t.get(
                "encode-dataset fast bf16 unchecked", float("nan"))}
     return pd.DataFrame([dict(target=k, bound=v, measured=got[k], met=bool(got[k] >= v)) for k, v in TARGETS.items()])
 
