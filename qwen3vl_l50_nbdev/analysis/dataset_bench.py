@@ -17,7 +17,8 @@ import torch
 import pandas as pd
 from safetensors import safe_open
 from ..config import EncoderConfig, qwen3vl_32b, tiny
-from ..dataset import Item, input_hash, plan_batches, encode_batches, check_shards
+from ..dataset import (Item, input_hash, plan_batches, encode_batches,
+                                       check_shards)
 from ..fp8 import quantize_model_
 from ..fast import apply_fast, warmup
 from ..metrics import diff_row
@@ -29,48 +30,59 @@ from .report import provenance, data_dir, write_csv
 from .timing import free_memory, wall_ms
 
 # %% ../../nbs/analysis/07a_dataset_bench.ipynb #27ab9a3a
-def prompt_mix(cfg: EncoderConfig, n: int = 2000, seed: int = 0, lengths=(20, 600), patches=(256, 1024),
-               image_share: float = 0.25) -> list[dict]:
-    ("`n` prompts (`encode` inputs), seeded: text of `lengths` tokens (uniform), every 1/`image_share`-th also one "
-     "image of `patches` patches (even sides, as the 2x2 merger needs).")
+def prompt_mix(cfg: EncoderConfig, n: int = 2000, seed: int = 0, lengths=(20, 600),
+               patches=(256, 1024), image_share: float = 0.25) -> list[dict]:
+    ("`n` prompts (`encode` inputs), seeded: text of `lengths` tokens (uniform), every "
+     "1/`image_share`-th also one image of `patches` patches (even sides, as the 2x2 merger "
+     "needs).")
     r, out = random.Random(seed), []
-    sides = [(h, w) for h in range(2, 65, 2) for w in range(2, 65, 2) if patches[0] <= h * w <= patches[1]]
+    sides = [(h, w) for h in range(2, 65, 2) for w in range(2, 65, 2)
+             if patches[0] <= h * w <= patches[1]]
     for i in range(n):
         n_text = r.randint(*lengths)
         if r.random() < image_share:
             h, w = r.choice(sides)
-            out.append(synthetic_inputs(cfg, images=((1, h, w),), videos=(), text_len=max(1, n_text // 2), seed=i))
+            out.append(synthetic_inputs(cfg, images=((1, h, w),), videos=(),
+                                        text_len=max(1, n_text // 2), seed=i))
         else: out.append(text_case(cfg, n_text, seed=i))
     return out
 
 # %% ../../nbs/analysis/07a_dataset_bench.ipynb #69cc5e8b
 def timed(fn, xs: list[dict], device, warm: int = 8) -> tuple[float, list]:
-    "`fn(xs[:warm])` (compilation, graphs), then the seconds of `fn(xs)` between syncs, and its outputs."
+    ("`fn(xs[:warm])` (compilation, graphs), then the seconds of `fn(xs)` between syncs, and its "
+     "outputs.")
     fn(xs[:warm])
     out, ms = wall_ms(lambda: fn(xs), torch.device(device).type == "cuda")
     return ms / 1e3, out
 
+# %% ../../nbs/analysis/07a_dataset_bench.ipynb #aa689c21
 def one_at_a_time(enc):
     return lambda xs: [enc.encode(**x) for x in xs]
 
+# %% ../../nbs/analysis/07a_dataset_bench.ipynb #2cd9def5
 def hf_loop(hf, cfg, device, to_host):
     return lambda xs: [hf_forward(hf, cfg, x, device, to_host) for x in xs]
 
+# %% ../../nbs/analysis/07a_dataset_bench.ipynb #d5a81fef
 def dataset_job(enc, batch_tokens: int, out_dir, checks: bool = True):
-    ("The job's loop over `xs` in fast mode: plan (hashes, batches), then `encode_batches` (inputs prepared and shards "
-     "written in threads) into a new folder of `out_dir`, which it returns; `checks`: the job's integrity checks "
-     "(each embedding finite, the shards' digests and input hashes, the shards checked at the end), or none.")
+    ("The job's loop over `xs` in fast mode: plan (hashes, batches), then `encode_batches` "
+     "(inputs prepared and shards written in threads) into a new folder of `out_dir`, which it "
+     "returns; `checks`: the job's integrity checks (each embedding finite, the shards' digests "
+     "and input hashes, the shards checked at the end), or none.")
     def run(xs):
         d = Path(tempfile.mkdtemp(dir=out_dir))
         items = [Item(i, str(i), len(x["input_ids"]), input_hash(x)) for i, x in enumerate(xs)]
         batches = plan_batches(items, batch_tokens)
-        encode_batches(enc, dict(enumerate(batches)), lambda it: xs[it.index], "fast", d, checks=checks)
+        encode_batches(enc, dict(enumerate(batches)), lambda it: xs[it.index], "fast", d,
+                       checks=checks)
         if checks: check_shards(d, batches, job="")
         return d
     return run
 
+# %% ../../nbs/analysis/07a_dataset_bench.ipynb #24d99fff
 def read_shards(d: Path, n: int) -> tuple[list[torch.Tensor], float]:
-    "The embeddings of prompts `0..n-1` from the shards in `d`, and the seconds the shards' batches took to encode."
+    ("The embeddings of prompts `0..n-1` from the shards in `d`, and the seconds the shards' "
+     "batches took to encode.")
     embs, secs = {}, 0.0
     for f in sorted(d.glob("shard-*.safetensors")):
         with safe_open(f, "pt") as s:
@@ -79,105 +91,132 @@ def read_shards(d: Path, n: int) -> tuple[list[torch.Tensor], float]:
     return [embs[str(i)] for i in range(n)], secs
 
 # %% ../../nbs/analysis/07a_dataset_bench.ipynb #6cd6f40a
-def run(cfg: EncoderConfig, n: int, device, batch_tokens=(8192,), fp8: bool = True, hf: bool = True,
-        seed: int = 0, log=print, partial=None) -> pd.DataFrame:
-    ("Every method over the same `n` prompts; a row each: seconds, tokens/s, share of the GEMM-bound limit. "
-     "`batch_tokens`: encode-dataset's budgets, bf16 at each (the first is the FP8 run's and the unchecked run's "
-     "too); `partial(rows)` after "
-     "each method: what is measured survives a run stopped by a time limit.")
+def run(cfg: EncoderConfig, n: int, device, batch_tokens=(8192,), fp8: bool = True,
+        hf: bool = True, seed: int = 0, log=print, partial=None) -> pd.DataFrame:
+    ("Every method over the same `n` prompts; a row each: seconds, tokens/s, share of the "
+     "GEMM-bound limit. `batch_tokens`: encode-dataset's budgets, bf16 at each (the first is the "
+     "FP8 run's and the unchecked run's too); `partial(rows)` after each method: what is "
+     "measured survives a run stopped by a time limit.")
     t0 = time.time()
-    xs = prompt_mix(cfg, n, seed, patches=(256, 1024) if cfg.text.hidden_size >= 1024 else (16, 64))
+    xs = prompt_mix(cfg, n, seed,
+                    patches=(256, 1024) if cfg.text.hidden_size >= 1024 else (16, 64))
     tokens = sum(len(x["input_ids"]) for x in xs)
     cuda = torch.device(device).type == "cuda"
     hf_model, enc = build_pair(cfg, device)
     fast = fast_twin(enc)
     peak = gemm_peak(device) if cuda else float("nan")
     limit = peak * 1e12 / (sum(decoder_flops(cfg, len(x["input_ids"])) for x in xs) / tokens)
-    log(f"[{time.time() - t0:6.1f} s] built; {n} prompts, {tokens:,} tokens; GEMM peak {peak:.0f} TFLOP/s, "
-        f"limit {limit:,.0f} tokens/s")
+    log(f"[{time.time() - t0:6.1f} s] built; {n} prompts, {tokens:,} tokens; "
+        f"GEMM peak {peak:.0f} TFLOP/s, limit {limit:,.0f} tokens/s")
     rows, sample = [], {}
     def measure(name, fn, budget=None):
         secs, out = timed(fn, xs, device)
         row = dict(method=name, prompts=n, tokens=tokens, seconds=secs, tokens_per_s=tokens / secs)
-        if isinstance(out, Path):   # a dataset job: its shards, and the seconds its batches took
+        # a dataset job: its shards, and the seconds its batches took
+        if isinstance(out, Path):
             out, row["batches_s"] = read_shards(out, min(n, 64))
             row["batch_tokens"] = budget
         sample[name] = out[:64]
         rows.append(row)
         log(f"[{time.time() - t0:6.1f} s] {name}: {secs:.2f} s, {tokens / secs:,.0f} tokens/s")
-        if partial: partial(pd.DataFrame(rows).assign(limit_tokens_per_s=limit, gemm_peak_tflops=peak))
-    name = lambda kind, b: f"encode-dataset fast {kind}" + ("" if b == batch_tokens[0] else f" @{b}")
+        if partial:
+            partial(pd.DataFrame(rows).assign(limit_tokens_per_s=limit, gemm_peak_tflops=peak))
+    name = lambda kind, b: (f"encode-dataset fast {kind}"
+                            + ("" if b == batch_tokens[0] else f" @{b}"))
     with torch.inference_mode(), tempfile.TemporaryDirectory() as d:
-        log(f"[{time.time() - t0:6.1f} s] fast mode's warm-up (as from_pretrained runs it): {warmup(fast):.1f} s")
+        log(f"[{time.time() - t0:6.1f} s] fast mode's warm-up (as from_pretrained runs it): "
+            f"{warmup(fast):.1f} s")
         measure("encode fast", one_at_a_time(fast))
         if hf:
             if cuda:
                 for m in hf_model.language_model.layers: m.compile()
-            with eager_unless(cuda): measure("HF compiled" if cuda else "HF eager", hf_loop(hf_model, cfg, device,
-                                                                                          enc.to_host))
+            with eager_unless(cuda):
+                measure("HF compiled" if cuda else "HF eager",
+                        hf_loop(hf_model, cfg, device, enc.to_host))
         hf_model = None   # its memory, for FP8's copies
         free_memory(device)
         for b in batch_tokens:
             measure(name("bf16", b), dataset_job(fast, b, d), b)
             if b == batch_tokens[0]:
-                # the integrity checks' cost: the job without them, then with them again (the first job
-                # paid the first calls of the batches' shapes: both of these find them done)
+                # the integrity checks' cost: the job without them, then with them again (the
+                # first job paid the first calls of the batches' shapes: both of these find
+                # them done)
                 measure(name("bf16", b) + " unchecked", dataset_job(fast, b, d, checks=False), b)
                 measure(name("bf16", b) + " checked again", dataset_job(fast, b, d), b)
-        if fp8:   # as speed.run: both encoders' decoders in FP8, one copy, the fast runners (graphs) made anew
+        # as speed.run: both encoders' decoders in FP8, one copy, the fast runners (graphs)
+        # made anew
+        if fp8:
             for e in (enc, fast): quantize_model_(e.text)
             fast.load_state_dict(enc.state_dict(), assign=True)
             apply_fast(fast, fast.fast)
             log(f"[{time.time() - t0:6.1f} s] FP8 warm-up: {warmup(fast):.1f} s")
-            measure(name("FP8", batch_tokens[0]), dataset_job(fast, batch_tokens[0], d), batch_tokens[0])
+            measure(name("FP8", batch_tokens[0]), dataset_job(fast, batch_tokens[0], d),
+                    batch_tokens[0])
     df = pd.DataFrame(rows)
     base = df.set_index("method").tokens_per_s
-    err = [diff_row(a, b)["rel_l2"] for a, b in zip(sample["encode-dataset fast bf16"], sample["encode fast"])]
+    err = [diff_row(a, b)["rel_l2"]
+           for a, b in zip(sample["encode-dataset fast bf16"], sample["encode fast"])]
     return df.assign(limit_tokens_per_s=limit, of_limit=df.tokens_per_s / limit,
                      x_one_at_a_time=df.tokens_per_s / base["encode fast"], gemm_peak_tflops=peak,
                      layers=cfg.selected_layer, images=sum("pixel_values" in x for x in xs),
                      dataset_vs_encode_rel_l2_max=max(err), wall_s=time.time() - t0)
 
 # %% ../../nbs/analysis/07a_dataset_bench.ipynb #d867e780
-TARGETS = {"bf16 of the GEMM-bound limit": 0.8, "FP8 / bf16": 1.5, "2 replicas / 1": 1.9,   # the goals
+# the goals
+TARGETS = {"bf16 of the GEMM-bound limit": 0.8, "FP8 / bf16": 1.5, "2 replicas / 1": 1.9,
            "integrity checks: checked / unchecked": 0.98}
 
 def targets(df: pd.DataFrame) -> pd.DataFrame:
-    "The targets, each with its measured value (NaN: not measured in this run) and whether it is met."
+    ("The targets, each with its measured value (NaN: not measured in this run) and whether it "
+     "is met.")
     t = df.set_index("method").tokens_per_s
-    got = {"bf16 of the GEMM-bound limit": df.set_index("method").of_limit.get("encode-dataset fast bf16"),
-           "FP8 / bf16": t.get("encode-dataset fast FP8", float("nan")) / t.get("encode-dataset fast bf16"),
-           "2 replicas / 1": t.get("encode-dataset fast bf16 x2", float("nan")) / t.get("encode-dataset fast bf16"),
+    got = {"bf16 of the GEMM-bound limit":
+               df.set_index("method").of_limit.get("encode-dataset fast bf16"),
+           "FP8 / bf16": t.get("encode-dataset fast FP8", float("nan"))
+                         / t.get("encode-dataset fast bf16"),
+           "2 replicas / 1": t.get("encode-dataset fast bf16 x2", float("nan"))
+                             / t.get("encode-dataset fast bf16"),
            "integrity checks: checked / unchecked": t.get(
                "encode-dataset fast bf16 checked again", float("nan")) / t.get(
                "encode-dataset fast bf16 unchecked", float("nan"))}
-    return pd.DataFrame([dict(target=k, bound=v, measured=got[k], met=bool(got[k] >= v)) for k, v in TARGETS.items()])
+    return pd.DataFrame([dict(target=k, bound=v, measured=got[k], met=bool(got[k] >= v))
+                         for k, v in TARGETS.items()])
 
+# %% ../../nbs/analysis/07a_dataset_bench.ipynb #56697db9
 def command(argv=None) -> int:
-    "`python -m qwen3vl_l50_nbdev.analysis dataset [--full]`: the benchmark; writes its CSV with provenance."
-    p = argparse.ArgumentParser(prog="python -m qwen3vl_l50_nbdev.analysis dataset", description=command.__doc__)
-    p.add_argument("--full", action="store_true", help="Qwen3-VL-32B dimensions on CUDA (default: tiny(3) on the CPU)")
+    ("`python -m qwen3vl_l50_nbdev.analysis dataset [--full]`: the benchmark; writes its CSV with "
+     "provenance.")
+    p = argparse.ArgumentParser(prog="python -m qwen3vl_l50_nbdev.analysis dataset",
+                                description=command.__doc__)
+    p.add_argument("--full", action="store_true",
+                   help="Qwen3-VL-32B dimensions on CUDA (default: tiny(3) on the CPU)")
     p.add_argument("--layers", type=int, default=50, help="decoder layers with --full")
-    p.add_argument("--n", type=int, default=None, help="prompts (default: 2000 with --full, 24 on the CPU)")
+    p.add_argument("--n", type=int, default=None,
+                   help="prompts (default: 2000 with --full, 24 on the CPU)")
     p.add_argument("--batch-tokens", type=int, nargs="+", default=[8192],
-                   help="encode-dataset's token budgets per batch, bf16 at each (the first: FP8's and the targets')")
+                   help="encode-dataset's token budgets per batch, bf16 at each "
+                        "(the first: FP8's and the targets')")
     p.add_argument("--no-hf", action="store_true", help="leave HF out (its memory, its time)")
-    p.add_argument("--out", default=None, help="CSV (default: nbs/analysis/data/dataset_<h200|cpu>.csv)")
-    p.add_argument("--commit", default=None, help="commit to record (default: the package's own, git_commit)")
+    p.add_argument("--out", default=None,
+                   help="CSV (default: nbs/analysis/data/dataset_<h200|cpu>.csv)")
+    p.add_argument("--commit", default=None,
+                   help="commit to record (default: the package's own, git_commit)")
     a = p.parse_args(argv)
     dev = torch.device("cuda", 0) if torch.cuda.is_available() else torch.device("cpu")
     if a.full and dev.type != "cuda": raise SystemExit("--full needs a CUDA device")
     if dev.type == "cuda": torch.cuda.set_device(dev)
     cfg = qwen3vl_32b(a.layers) if a.full else tiny(3)
     import transformers
-    cmd = "python -m qwen3vl_l50_nbdev.analysis dataset " + " ".join(sys.argv[1:] if argv is None else argv)
+    cmd = ("python -m qwen3vl_l50_nbdev.analysis dataset "
+           + " ".join(sys.argv[1:] if argv is None else argv))
     meta = provenance(dev, a.commit, cmd) | dict(transformers=transformers.__version__)
     out = Path(a.out or data_dir() / f"dataset_{'h200' if a.full else 'cpu'}.csv")
     part = lambda rows: rows.assign(**meta).to_csv(out.with_suffix(".partial.csv"), index=False)
     df = run(cfg, a.n or (2000 if a.full else 24), dev, a.batch_tokens, hf=not a.no_hf,
              log=lambda m: print(m, flush=True), partial=part)
     out.with_suffix(".partial.csv").unlink(missing_ok=True)
-    write_csv(df, out, meta, shown=df[["method", "tokens", "seconds", "tokens_per_s", "of_limit", "x_one_at_a_time",
-                                       "batches_s"]]
+    write_csv(df, out, meta,
+              shown=df[["method", "tokens", "seconds", "tokens_per_s", "of_limit",
+                        "x_one_at_a_time", "batches_s"]]
               .to_string(float_format=lambda v: f"{v:.3g}") + "\n" + targets(df).to_string())
     return 0
