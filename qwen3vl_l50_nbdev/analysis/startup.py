@@ -28,9 +28,10 @@ from qwen3vl_l50_nbdev.encoder import Encoder
 from qwen3vl_l50_nbdev.inputs import Processor
 T.append(("import package", time.time()))
 x = Processor.from_pretrained(a["model"])(a["prompt"]); T.append(("tokenizer", time.time()))
-if a["device"].startswith("cuda"): torch.zeros(1, device=a["device"]); T.append(("cuda init", time.time()))
-enc = Encoder.from_pretrained(a["model"], selected_layer=a["layer"], mode=a["mode"], device=a["device"],
-                              progress=False)
+if a["device"].startswith("cuda"):
+    torch.zeros(1, device=a["device"]); T.append(("cuda init", time.time()))
+enc = Encoder.from_pretrained(a["model"], selected_layer=a["layer"], mode=a["mode"],
+                              device=a["device"], progress=False)
 sync = torch.cuda.synchronize if enc.device.type == "cuda" else (lambda: None)
 sync(); T.append(("load", time.time()))
 h = enc.encode(**x); sync(); T.append(("first encode", time.time()))
@@ -39,6 +40,7 @@ print("STAMPS " + json.dumps(dict(stamps=T, tokens=len(x["input_ids"]), stats=st
                                   warmup_s=enc.__dict__.get("warmup_s", 0.0))), flush=True)
 """
 
+# %% ../../nbs/analysis/09a_startup_bench.ipynb #304eb333
 CALLS = OURS + r"""
 ids = min(1000, enc.cfg.text_id_limit)
 def timed(n, graphs=True):
@@ -49,7 +51,8 @@ def timed(n, graphs=True):
         with no_graphs(enc.runner): enc.encode(**x)
     sync(); return time.perf_counter() - t
 from qwen3vl_l50_nbdev.fast import no_graphs
-calls = {n: [timed(n) for _ in range(a["calls"])] for n in a["lengths"]}   # lengths never met before
+# lengths never met before
+calls = {n: [timed(n) for _ in range(a["calls"])] for n in a["lengths"]}
 enc.runner.graph_rows = max(a["crossover"])   # graphs past fast mode's cap, to time them
 cross = {}
 for n in a["crossover"]:
@@ -58,55 +61,66 @@ for n in a["crossover"]:
 print("CALLS " + json.dumps(dict(calls=calls, crossover=cross)), flush=True)
 """
 
+# %% ../../nbs/analysis/09a_startup_bench.ipynb #98a46033
 HF = r"""
 import json, sys, time; T = [("start", time.time())]; a = json.loads(sys.argv[1])
 import torch; T.append(("import torch", time.time()))
 from transformers import AutoConfig, Qwen3VLModel
 T.append(("import transformers", time.time()))
-if a["device"].startswith("cuda"): torch.zeros(1, device=a["device"]); T.append(("cuda init", time.time()))
+if a["device"].startswith("cuda"):
+    torch.zeros(1, device=a["device"]); T.append(("cuda init", time.time()))
 c = AutoConfig.from_pretrained(a["model"]); c.text_config.num_hidden_layers = a["layer"]
-m = Qwen3VLModel.from_pretrained(a["model"], config=c, dtype=torch.bfloat16, device_map=a["device"]).eval()
+m = Qwen3VLModel.from_pretrained(a["model"], config=c, dtype=torch.bfloat16,
+                                 device_map=a["device"]).eval()
 sync = torch.cuda.synchronize if a["device"].startswith("cuda") else (lambda: None)
 sync(); T.append(("load", time.time()))
-ids = torch.randint(0, 150000, (1, a["tokens"]), generator=torch.Generator().manual_seed(0)).to(a["device"])
-with torch.inference_mode(): h = m(input_ids=ids, attention_mask=torch.ones_like(ids), use_cache=False)
+ids = torch.randint(0, 150000, (1, a["tokens"]),
+                    generator=torch.Generator().manual_seed(0)).to(a["device"])
+with torch.inference_mode():
+    h = m(input_ids=ids, attention_mask=torch.ones_like(ids), use_cache=False)
 sync(); T.append(("first encode", time.time()))
-print("STAMPS " + json.dumps(dict(stamps=T, tokens=a["tokens"], stats={}, warmup_s=0.0)), flush=True)
+print("STAMPS " + json.dumps(dict(stamps=T, tokens=a["tokens"], stats={}, warmup_s=0.0)),
+      flush=True)
 """
 
 # %% ../../nbs/analysis/09a_startup_bench.ipynb #8afca390
 def run_child(program: str, args: dict, env: dict | None = None) -> dict:
-    ("Run `program` (`OURS`, `CALLS` or `HF`) in a fresh Python process with `args`; seconds per phase and the "
-     "whole process (`CALLS`: the calls it timed after the first embedding instead).")
+    ("Run `program` (`OURS`, `CALLS` or `HF`) in a fresh Python process with `args`; seconds "
+     "per phase and the whole process (`CALLS`: the calls it timed after the first embedding "
+     "instead).")
     t0 = time.time()
-    p = subprocess.run([sys.executable, "-c", program, json.dumps(args)], capture_output=True, text=True,
-                       env=os.environ | (env or {}))
+    p = subprocess.run([sys.executable, "-c", program, json.dumps(args)], capture_output=True,
+                       text=True, env=os.environ | (env or {}))
     t1 = time.time()
     lines = {ln.split(" ", 1)[0]: ln.split(" ", 1)[1] for ln in p.stdout.splitlines() if " " in ln}
     if program is CALLS:
         if p.returncode or "CALLS" not in lines:
-            raise RuntimeError(f"the timed process failed (exit {p.returncode}):\n{p.stderr[-3000:]}")
+            raise RuntimeError(f"the timed process failed (exit {p.returncode}):\n"
+                               f"{p.stderr[-3000:]}")
         return json.loads(lines["CALLS"])
     if p.returncode or "STAMPS" not in lines:
         raise RuntimeError(f"the timed process failed (exit {p.returncode}):\n{p.stderr[-3000:]}")
     r = json.loads(lines["STAMPS"])
     (names, ts) = zip(*r["stamps"])
     phases = {"python start": ts[0] - t0} | {n: b - a for n, a, b in zip(names[1:], ts, ts[1:])}
-    if r["warmup_s"]: phases |= {"load": phases["load"] - r["warmup_s"], "compile": r["warmup_s"]}
-    return dict(phases=phases | {"exit": t1 - ts[-1]}, total=t1 - t0, tokens=r["tokens"], stats=r["stats"])
+    if r["warmup_s"]:
+        phases |= {"load": phases["load"] - r["warmup_s"], "compile": r["warmup_s"]}
+    return dict(phases=phases | {"exit": t1 - ts[-1]}, total=t1 - t0, tokens=r["tokens"],
+                stats=r["stats"])
 
 # %% ../../nbs/analysis/09a_startup_bench.ipynb #26d6d898
-PROMPT = ("A lighthouse on a rocky coast at dawn, fishing boats in the harbour, gulls over the nets, soft light, "
-          "a wide photograph.")
+PROMPT = ("A lighthouse on a rocky coast at dawn, fishing boats in the harbour, gulls over the "
+          "nets, soft light, a wide photograph.")
 LENGTHS = (37, 200, 331, 509, 777, 1403)   # rows a user might send next, none met in the warm-up
 CROSSOVER = (16, 64, 128, 256, 384, 512, 768, 1024, 1536, 2048)   # rows, graph against none
 
 def startup(model, layers=(10,), device: str = "cuda", reps: int = 1, modes=("exact", "fast"),
             lengths=LENGTHS, crossover=CROSSOVER, calls: int = 4) -> pd.DataFrame:
-    ("Phase times of a fresh process to its first embedding, ours (each of `modes`; fast: cold, then warm compile "
-     "cache) and transformers', at each number of `layers` of checkpoint `model`; the floor beside them. In fast "
-     "mode on CUDA, one more warm process times `calls` calls at each of `lengths` after its first embedding, and "
-     "each of `crossover` rows replayed from a graph and run without one.")
+    ("Phase times of a fresh process to its first embedding, ours (each of `modes`; fast: cold, "
+     "then warm compile cache) and transformers', at each number of `layers` of checkpoint "
+     "`model`; the floor beside them. In fast mode on CUDA, one more warm process times `calls` "
+     "calls at each of `lengths` after its first embedding, and each of `crossover` rows "
+     "replayed from a graph and run without one.")
     files = sorted(Path(model).glob("*.safetensors"))
     gb = sum(f.stat().st_size for f in files) / 1e9
     read_gbps(files)   # warm the page cache
@@ -118,42 +132,53 @@ def startup(model, layers=(10,), device: str = "cuda", reps: int = 1, modes=("ex
         for n in layers:
             args = dict(model=str(model), layer=n, device=device, prompt=PROMPT)
             for rep in range(reps):
-                runs = [("ours", "exact", "", run_child(OURS, args | dict(mode="exact")))] if "exact" in modes else []
+                runs = ([("ours", "exact", "", run_child(OURS, args | dict(mode="exact")))]
+                        if "exact" in modes else [])
                 env = {CACHE_ENV: f"{cache}/{n}-{rep}"}   # empty: the cold run fills it
                 if "fast" in modes:
                     runs += [("ours", "fast", c, run_child(OURS, args | dict(mode="fast"), env))
                              for c in ("cold", "warm")]
                 tokens = runs[0][3]["tokens"] if runs else 32
-                runs.append(("transformers", "eager", "", run_child(HF, args | dict(tokens=tokens))))
+                runs.append(("transformers", "eager", "",
+                             run_child(HF, args | dict(tokens=tokens))))
                 for prog, mode, cache_state, r in runs:
-                    base = dict(program=prog, mode=mode, cache=cache_state, layers=n, rep=rep, checkpoint_gb=gb,
-                                tokens=r["tokens"], total_s=r["total"])
+                    base = dict(program=prog, mode=mode, cache=cache_state, layers=n, rep=rep,
+                                checkpoint_gb=gb, tokens=r["tokens"], total_s=r["total"])
                     rows += [base | dict(phase=k, seconds=v) for k, v in r["phases"].items()]
-                    rows += [base | dict(phase=f"load_stats.{k}", seconds=v) for k, v in r["stats"].items()]
+                    rows += [base | dict(phase=f"load_stats.{k}", seconds=v)
+                             for k, v in r["stats"].items()]
                 if "fast" in modes and device.startswith("cuda") and (lengths or crossover):
-                    r = run_child(CALLS, args | dict(mode="fast", lengths=lengths, crossover=crossover or (16,),
-                                                     calls=calls), env)
-                    base = dict(program="ours", mode="fast", cache="warm", layers=n, rep=rep, checkpoint_gb=gb)
+                    r = run_child(CALLS, args | dict(mode="fast", lengths=lengths,
+                                                     crossover=crossover or (16,), calls=calls),
+                                  env)
+                    base = dict(program="ours", mode="fast", cache="warm", layers=n, rep=rep,
+                                checkpoint_gb=gb)
                     rows += [base | dict(phase=f"call {k + 1}", rows=int(m), seconds=s)
                              for m, ts in r["calls"].items() for k, s in enumerate(ts)]
-                    rows += [base | dict(phase=p, rows=int(m), seconds=s) for m, ts in r["crossover"].items()
+                    rows += [base | dict(phase=p, rows=int(m), seconds=s)
+                             for m, ts in r["crossover"].items()
                              for p, s in zip(("graph", "no graph"), ts)]
     return pd.DataFrame(rows)
 
 # %% ../../nbs/analysis/09a_startup_bench.ipynb #f439a010
 def command(argv=None) -> int:
-    "`python -m qwen3vl_l50_nbdev.analysis startup --model DIR --out CSV`: `startup`'s phases, written with provenance."
-    ap = argparse.ArgumentParser(prog="python -m qwen3vl_l50_nbdev.analysis startup", description=startup.__doc__)
+    ("`python -m qwen3vl_l50_nbdev.analysis startup --model DIR --out CSV`: `startup`'s phases, "
+     "written with provenance.")
+    ap = argparse.ArgumentParser(prog="python -m qwen3vl_l50_nbdev.analysis startup",
+                                 description=startup.__doc__)
     ap.add_argument("--model", required=True, help="checkpoint directory (HF format)")
     ap.add_argument("--write-layers", type=int, default=None,
-                    help="write a random 32B-dimension checkpoint of this many layers to --model first, if it has none")
-    ap.add_argument("--layers", default="10", help="comma-separated layer counts to load (each <= the checkpoint's)")
+                    help="write a random 32B-dimension checkpoint of this many layers to --model "
+                         "first, if it has none")
+    ap.add_argument("--layers", default="10",
+                    help="comma-separated layer counts to load (each <= the checkpoint's)")
     ap.add_argument("--modes", default="exact,fast", help="our modes to time, comma-separated")
     ap.add_argument("--reps", type=int, default=1, help="repetitions of every measurement")
     ap.add_argument("--device", default="cuda", help="cuda or cpu")
     ints = lambda s: tuple(int(n) for n in s.split(",") if n)
     ap.add_argument("--lengths", type=ints, default=LENGTHS,
-                    help="fast mode, CUDA: rows of the calls timed after the first embedding ('' for none)")
+                    help="fast mode, CUDA: rows of the calls timed after the first embedding "
+                         "('' for none)")
     ap.add_argument("--crossover", type=ints, default=CROSSOVER,
                     help="fast mode, CUDA: rows timed with a graph and without ('' for none)")
     ap.add_argument("--out", required=True, help="the CSV to write")
@@ -161,8 +186,11 @@ def command(argv=None) -> int:
     if a.write_layers and not (Path(a.model) / "config.json").exists():
         from qwen3vl_l50_nbdev.analysis.validate_bench import write_32b_checkpoint
         t = time.perf_counter(); write_32b_checkpoint(a.model, a.write_layers)
-        print(f"wrote a {a.write_layers}-layer checkpoint in {time.perf_counter() - t:.1f} s", flush=True)
-    df = startup(a.model, ints(a.layers), a.device, a.reps, tuple(a.modes.split(",")), a.lengths, a.crossover)
-    cmd = f"python -m qwen3vl_l50_nbdev.analysis startup {' '.join(sys.argv[1:] if argv is None else argv)}"
+        print(f"wrote a {a.write_layers}-layer checkpoint in {time.perf_counter() - t:.1f} s",
+              flush=True)
+    df = startup(a.model, ints(a.layers), a.device, a.reps, tuple(a.modes.split(",")), a.lengths,
+                 a.crossover)
+    cmd = ("python -m qwen3vl_l50_nbdev.analysis startup "
+           f"{' '.join(sys.argv[1:] if argv is None else argv)}")
     write_csv(df, a.out, provenance(a.device, None, cmd), shown=df.to_string())
     return 0
