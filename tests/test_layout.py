@@ -12,8 +12,8 @@ import pytest
 PKG = Path(__file__).resolve().parents[1] / "qwen3vl_l50_nbdev"
 # the core, low to high: a module imports only modules to its left (settings and config import nothing of ours)
 ORDER = ("settings config metrics provenance dist files tp rope vision deepstack text tiny fp8 fp8_kernel fp8_blocks "
-         "loading fast_layers overlap fast offload encoder tokenizer inputs prompts contract hf validate_report validate "
-         "dataset cli").split()
+         "loading fast_layers overlap fast offload encoder tokenizer inputs prompts contract hf validate_report "
+         "validate dataset cli").split()
 TEST_ONLY = "testing"   # imports anything; nothing in the core imports it
 HEAVY = ("transformers", "pandas", "matplotlib")
 
@@ -147,7 +147,8 @@ def test_encode_imports_no_transformers(tmp_path):
 
 def test_triton_only_in_fp8_kernel():
     ("Importing Triton and registering a Triton op cost a fresh process seconds: only `fp8_kernel` imports Triton at "
-     "its top level, and no module imports `fp8_kernel` at its top level (block FP8 imports it on its first CUDA call).")
+     "its top level, and no module imports `fp8_kernel` at its top level (block FP8 imports it on its first CUDA "
+     "call).")
     bad = []
     for p in PKG.rglob("*.py"):
         body = ast.parse(p.read_text()).body
