@@ -32,13 +32,13 @@ def ckpt(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def real(tmp_path_factory):
-    "A tiny checkpoint with Qwen's vocabulary (real text fits), and a small real photograph (the tiny tower is quick)."
+def real(vocab_ckpt, tmp_path_factory):
+    ("conftest's tiny checkpoint with Qwen's vocabulary (real text fits), and a small real photograph (the tiny tower "
+     "is quick).")
     from PIL import Image
     d = tmp_path_factory.mktemp("real")
-    assert main(["make-tiny", str(d / "m"), "--real-vocab"]) == 0
     Image.open(sample_photo()).resize((40, 48)).save(d / "photo.png")
-    return d / "m", d / "photo.png"
+    return vocab_ckpt, d / "photo.png"
 
 
 @pytest.fixture(scope="module")

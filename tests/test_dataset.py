@@ -54,6 +54,34 @@ def long(tmp_path_factory):
     return d / "long.jsonl"
 
 
+STOP_BATCH = 1600   # --batch-tokens of `stoppable`'s jobs: one prompt a batch, a shard
+
+
+@pytest.fixture(scope="module")
+def stoppable(tmp_path_factory):
+    ("Pre-tokenized prompts of 801-1,600 random ids, 64 of them, one a batch at `--batch-tokens 1600`: a 2-replica job "
+     "writes 32 shards each, so one stopped at its first shard is stopped mid-job (a second or more of work left).")
+    r, d = random.Random(SEED + 2), tmp_path_factory.mktemp("stoppable")
+    ids = lambda: [r.randrange(151000) for _ in range(r.randrange(801, STOP_BATCH + 1))]
+    lines = [dict(id=f"s{i}", input_ids=ids()) for i in range(64)]
+    (d / "s.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
+    return d / "s.jsonl"
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(ckpt, stoppable, tmp_path_factory):
+    "`{mode: {id: embedding}}` of `stoppable` in one process, uninterrupted: computed once a mode, on first use."
+    refs = {}
+    def ref(mode: str) -> dict:
+        if mode not in refs:
+            out = tmp_path_factory.mktemp(f"ref-{mode}")
+            encode_dataset(ckpt, stoppable, out, layer=3, numerics=Numerics(mode=mode), batch_tokens=STOP_BATCH,
+                           progress=False)
+            e = load_embeddings(out); refs[mode] = {k: e[k] for k in e}
+        return refs[mode]
+    return ref
+
+
 def args(ckpt, prompts, out, *more):
     return ["encode-dataset", "--model", str(ckpt), "--prompts", str(prompts), "--out", str(out), "--layer", "3",
             "--max-pixels", "4096", *map(str, more)]
@@ -137,27 +165,21 @@ def _alive(pid: int) -> bool:
     except OSError: return False
 
 
-_REF = {}
-
-
 @pytest.mark.parametrize("how,mode", [("rank", "fast"), ("launcher", "exact"), ("sigint", "fast")])   # each stop once
-def test_killed_then_resumed(how, mode, ckpt, long, tmp_path):
-    ("A 2-replica job stopped mid-way (SIGKILL of a rank, SIGKILL of the launcher, Ctrl-C), then the same command: "
-     "every prompt once, every shard whole, the bits of an uninterrupted one-process run.")
-    if mode not in _REF:   # uninterrupted, one process: the replicas must not change the bits either
-        encode_dataset(ckpt, long, tmp_path / f"ref-{mode}", layer=3, numerics=Numerics(mode=mode), batch_tokens=9000,
-                       progress=False)
-        e = load_embeddings(tmp_path / f"ref-{mode}"); _REF[mode] = {k: e[k] for k in e}
+def test_killed_then_resumed(how, mode, ckpt, stoppable, uninterrupted, tmp_path):
+    ("A 2-replica job stopped at its first shard (SIGKILL of a rank, SIGKILL of the launcher, Ctrl-C), then the same "
+     "command: every prompt once, every shard whole, the bits of an uninterrupted one-process run.")
+    ref = uninterrupted(mode)   # one process: the replicas must not change the bits either
     out = tmp_path / "out"
-    cmd = [*CLI, *args(ckpt, long, out, "--mode", mode, "--batch-tokens", 9000), "--nproc", "2"]
+    cmd = [*CLI, *args(ckpt, stoppable, out, "--mode", mode, "--batch-tokens", STOP_BATCH), "--nproc", "2"]
     p = subprocess.Popen(cmd, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                          start_new_session=True)
     try:
         t0 = time.monotonic()
         while not list(out.glob("shard-*.safetensors")) and p.poll() is None and time.monotonic() - t0 < 120:
-            time.sleep(0.02)
+            time.sleep(0.01)
         procs = _tree(p.pid)
-        assert p.poll() is None, "the job ended before it could be stopped: make the prompts longer\n" + p.stdout.read()
+        assert p.poll() is None, "the job ended before it could be stopped: give it more prompts\n" + p.stdout.read()
         torchrun = _kids(p.pid)[0]
         if how == "rank": os.kill(max(_kids(torchrun)), signal.SIGKILL)
         else: os.kill(p.pid, signal.SIGKILL if how == "launcher" else signal.SIGINT)
@@ -171,14 +193,14 @@ def test_killed_then_resumed(how, mode, ckpt, long, tmp_path):
         except ProcessLookupError: pass
     assert not (out / MANIFEST).exists()
     before = shards_ok(out)
-    assert 0 < len(before) < len(_REF[mode]), f"{len(before)} of {len(_REF[mode])} done: not stopped mid-job"
+    assert 0 < len(before) < len(ref), f"{len(before)} of {len(ref)} done: not stopped mid-job"
     r = subprocess.run(cmd, env=ENV, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stdout + r.stderr[-3000:]
-    assert f"of {len(_REF[mode])} " in r.stdout and f"encoded {len(_REF[mode])} prompts" not in r.stdout, r.stdout
+    assert f"of {len(ref)} " in r.stdout and f"encoded {len(ref)} prompts" not in r.stdout, r.stdout
     after = shards_ok(out)
-    assert sorted(after) == sorted(_REF[mode]) and all(after[k] == v for k, v in before.items())
+    assert sorted(after) == sorted(ref) and all(after[k] == v for k, v in before.items())
     assert not list(out.glob(".*tmp")), list(out.iterdir())
-    same(out, _REF[mode])
+    same(out, ref)
 
 
 def test_dedup_cache_finished_and_refusals(ckpt, mixed, tmp_path, capsys):
