@@ -211,10 +211,15 @@ def block_mm_reference(x: torch.Tensor, w: torch.Tensor, scale_inv: torch.Tensor
     return (xd @ dequantize_blocks(w, scale_inv, block).T).to(out_dtype)
 
 # %% ../nbs/09a_fp8_blocks.ipynb #969c0738
+_OP: list = []   # the Triton quantizer op once `fp8_kernel` is imported (None without Triton)
+
 def _fused_op():
-    "The Triton quantizer as a torch op (`fp8_kernel`), imported on first use; None without Triton."
-    from qwen3vl_l50_nbdev.fp8_kernel import quantize_act_op
-    return quantize_act_op()
+    ("The Triton quantizer as a torch op (`fp8_kernel`), imported on the first call and kept "
+     "(later calls, compiled layers' among them, read it); None without Triton.")
+    if not _OP:
+        from qwen3vl_l50_nbdev.fp8_kernel import quantize_act_op
+        _OP.append(quantize_act_op())
+    return _OP[0]
 
 # %% ../nbs/09a_fp8_blocks.ipynb #f330b724
 def quantize_act_fused(x: torch.Tensor, k: int = 128) -> tuple[torch.Tensor, torch.Tensor]:
