@@ -124,6 +124,13 @@ def test_cli_help_imports_no_torch():
     assert not mods & {"torch", "numpy", *HEAVY}, sorted(mods & {"torch", "numpy", *HEAVY})
 
 
+def _encode_modules(ckpt, out, *args: str) -> set[str]:
+    "The modules a fresh interpreter holds after `qwen3vl-l50 encode --model ckpt --layer 2 ARGS --out out`."
+    argv = ["encode", "--model", str(ckpt), "--layer", "2", *args, "--out", str(out)]
+    return _modules(f"import torch; torch.set_num_threads(1)\nfrom qwen3vl_l50_nbdev.cli import main\n"
+                    f"assert main({argv!r}) == 0", full=True)
+
+
 def test_encode_imports_no_transformers(tmp_path):
     "Exact `encode` on an inputs file imports torch and the encoder: no transformers, pandas, matplotlib, compiler."
     import torch
@@ -133,10 +140,7 @@ def test_encode_imports_no_transformers(tmp_path):
     cfg = tiny(selected_layer=2)
     ckpt = make_tiny_checkpoint(tmp_path / "m", cfg)
     save_file({k: v.contiguous() for k, v in synthetic_inputs(cfg).items()}, tmp_path / "in.safetensors")
-    full = _modules(f"import torch; torch.set_num_threads(1)\nfrom qwen3vl_l50_nbdev.cli import main\n"
-                    f"assert main(['encode', '--model', {str(ckpt)!r}, '--layer', '2', '--inputs', "
-                    f"{str(tmp_path / 'in.safetensors')!r}, '--out', {str(tmp_path / 'h.safetensors')!r}]) == 0",
-                    full=True)
+    full = _encode_modules(ckpt, tmp_path / "h.safetensors", "--inputs", str(tmp_path / "in.safetensors"))
     mods = {m.split(".")[0] for m in full}
     assert (tmp_path / "h.safetensors").exists() and "torch" in mods and "safetensors" in mods
     assert not mods & set(HEAVY), sorted(mods & set(HEAVY))
@@ -175,9 +179,7 @@ def test_encode_prompt_with_tokenizer_files_imports_no_transformers(tmp_path):
         "{{ c.text }}{% endif %}{% endfor %}<|im_end|>\n{% endfor %}"
         "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
     out = tmp_path / "h.safetensors"
-    full = _modules(f"import torch; torch.set_num_threads(1)\nfrom qwen3vl_l50_nbdev.cli import main\n"
-                    f"assert main(['encode', '--model', {str(ckpt)!r}, '--layer', '2', '--prompt', 'a harbour at dawn',"
-                    f" '--out', {str(out)!r}]) == 0", full=True)
+    full = _encode_modules(ckpt, out, "--prompt", "a harbour at dawn")
     mods = {m.split(".")[0] for m in full}
     assert out.exists() and (ckpt / "tokenizer.json").exists()
     assert not mods & set(HEAVY), sorted(mods & set(HEAVY))

@@ -42,6 +42,7 @@ print("STAMPS " + json.dumps(dict(stamps=T, tokens=len(x["input_ids"]), stats=st
 
 # %% ../../nbs/analysis/09a_startup_bench.ipynb #304eb333
 CALLS = OURS + r"""
+from qwen3vl_l50_nbdev.fast import no_graphs
 ids = min(1000, enc.cfg.text_id_limit)
 def timed(n, graphs=True):
     x = dict(input_ids=(torch.arange(n) * 7 + 11) % ids)
@@ -50,7 +51,6 @@ def timed(n, graphs=True):
     else:
         with no_graphs(enc.runner): enc.encode(**x)
     sync(); return time.perf_counter() - t
-from qwen3vl_l50_nbdev.fast import no_graphs
 # lengths never met before
 calls = {n: [timed(n) for _ in range(a["calls"])] for n in a["lengths"]}
 enc.runner.graph_rows = max(a["crossover"])   # graphs past fast mode's cap, to time them
