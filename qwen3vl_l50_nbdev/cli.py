@@ -531,6 +531,14 @@ def _nproc(argv: list, i: int) -> bool:
     return (argv[i] == "--nproc" or argv[i].startswith("--nproc=")
             or (i > 0 and argv[i - 1] == "--nproc"))
 
+# %% ../nbs/12_cli.ipynb #8d3f6a52
+def _tokenizer_early(a):
+    ("`encode --prompt`, `validate`, `encode-dataset`: `--model`'s tokenizer built in a thread "
+     "from now on, while torch is imported (`tokenizer.prefetch`).")
+    if a.cmd in ("validate", "encode-dataset") or a.cmd == "encode" and a.prompt is not None:
+        from qwen3vl_l50_nbdev.tokenizer import prefetch
+        prefetch(a.model)
+
 # %% ../nbs/12_cli.ipynb #9f94a07e
 def main(argv=None) -> int:
     "Entry point of `qwen3vl-l50`."
@@ -544,6 +552,7 @@ def main(argv=None) -> int:
             print(f"qwen3vl-l50 {a.cmd}: interrupted by {signal.Signals(rc - 128).name}: torchrun "
                   f"and its {a.nproc} rank(s) were stopped", file=sys.stderr)
         return rc
+    _tokenizer_early(a)
     # here, not at the top: `--help` and the launcher import no torch
     import torch.distributed as dist
     from qwen3vl_l50_nbdev.dist import exit_code, report_once

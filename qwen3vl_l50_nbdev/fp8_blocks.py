@@ -24,7 +24,8 @@ import torch.nn.functional as F
 from safetensors import safe_open
 from safetensors.torch import save_file
 from fastcore.basics import patch
-from .config import EncoderConfig, tiny, path_exists, read_json
+from .config import EncoderConfig, tiny
+from .files import path_exists, read_json
 from .tp import ColumnParallelLinear, RowParallelLinear, RowSum
 from .text import DecoderLayer
 from .fp8 import FP8, FP8_MAX, LAYER_PLAN

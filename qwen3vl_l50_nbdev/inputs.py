@@ -21,7 +21,8 @@ import torch
 import torch.nn.functional as F
 from PIL import Image, ImageSequence, UnidentifiedImageError
 from fastcore.basics import patch
-from .config import EncoderConfig, path_exists, read_json
+from .config import EncoderConfig
+from .files import path_exists, read_json
 from .tokenizer import QWEN_VOCAB, load_tokenizer, qwen_tokenizer, byte_tokenizer
 
 # %% ../nbs/11_inputs.ipynb #05146772

@@ -29,7 +29,8 @@ from tqdm import tqdm
 from .text import TP_PLAN
 from .tp import STYLES
 from .dist import Group
-from .config import path_exists, read_json, is_int
+from .config import is_int
+from .files import path_exists, read_json
 from .fp8_blocks import (SCALE_DTYPES, BLOCK_LAYERS, BlockTensor, block_format,
                                           check_scales, check_scale_values, scale_name,
                                           checkpoint_format, SCALE_MAX)

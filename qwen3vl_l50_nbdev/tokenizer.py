@@ -5,9 +5,10 @@
 # %% auto #0
 __all__ = ['QWEN_VOCAB', 'QWEN_SPECIALS', 'PRETOKENIZE', 'ROLES', 'qwen_ranks_file', 'read_ranks', 'Tokenizer', 'byte_alphabet',
            'render_chat', 'bpe_from_ranks', 'qwen_tokenizer', 'byte_tokenizer', 'in_background', 'FileTokenizer',
-           'load_tokenizer']
+           'load_tokenizer', 'prefetch']
 
 # %% ../nbs/10a_tokenizer.ipynb #f0785555
+import os
 import re
 import binascii
 import importlib.util
@@ -15,7 +16,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from functools import lru_cache, partial
 from pathlib import Path
 from fastcore.basics import patch
-from .config import path_exists, read_json
+from .files import path_exists, read_json
 
 # %% ../nbs/10a_tokenizer.ipynb #154b3d6f
 QWEN_VOCAB = 151936   # Qwen3-VL's embedding rows: 151,643 BPE ranks, 26 specials, then padding
@@ -257,9 +258,16 @@ def _auto_tokenizer(p: Path):
                          "vocabulary of qwen-tokenizer") from e
 
 # %% ../nbs/10a_tokenizer.ipynb #07c07e6d
+# started by `prefetch`, taken by `load_tokenizer`: {real path: (Future, source)}
+_PREFETCHED: dict[str, tuple] = {}
+
 def load_tokenizer(path, background: bool = False) -> tuple:
     ("The checkpoint's own tokenizer (tokenizer.json, or vocab.json + merges.txt), else "
-     "`qwen_tokenizer()`; and which. With `background`, a `Future` of it, built in a thread.")
+     "`qwen_tokenizer()`; and which. With `background`, a `Future` of it, built in a thread. "
+     "One that `prefetch` started for `path` is taken.")
+    if got := _PREFETCHED.pop(os.path.realpath(path), None):
+        future, source = got
+        return (future if background else future.result()), source
     p = Path(path)
     if (path_exists(p / "tokenizer.json")
             or path_exists(p / "vocab.json") and path_exists(p / "merges.txt")):
@@ -269,3 +277,10 @@ def load_tokenizer(path, background: bool = False) -> tuple:
         build = qwen_tokenizer
         source = "the Qwen vocabulary of qwen-tokenizer (the checkpoint has no tokenizer files)"
     return (in_background(build) if background else build()), source
+
+# %% ../nbs/10a_tokenizer.ipynb #c4d2e8f0
+def prefetch(path) -> None:
+    ("Start building checkpoint `path`'s tokenizer in a thread (`load_tokenizer`, which takes it); "
+     "errors wait for `load_tokenizer`.")
+    try: _PREFETCHED[os.path.realpath(path)] = load_tokenizer(path, background=True)
+    except ValueError: pass   # raised again, with the command's context, by load_tokenizer

@@ -11,7 +11,7 @@ import pytest
 
 PKG = Path(__file__).resolve().parents[1] / "qwen3vl_l50_nbdev"
 # the core, low to high: a module imports only modules to its left (settings and config import nothing of ours)
-ORDER = ("settings config metrics provenance dist files tp rope vision deepstack text tiny fp8 fp8_kernel fp8_blocks "
+ORDER = ("settings files config metrics provenance dist tp rope vision deepstack text tiny fp8 fp8_kernel fp8_blocks "
          "loading fast_layers overlap fast offload encoder tokenizer inputs prompts contract hf validate_report "
          "validate dataset cli").split()
 TEST_ONLY = "testing"   # imports anything; nothing in the core imports it
@@ -183,3 +183,10 @@ def test_encode_prompt_with_tokenizer_files_imports_no_transformers(tmp_path):
     mods = {m.split(".")[0] for m in full}
     assert out.exists() and (ckpt / "tokenizer.json").exists()
     assert not mods & set(HEAVY), sorted(mods & set(HEAVY))
+    # the tokenizer is started before torch is imported, and the prompt takes that one
+    argv = ["encode", "--model", str(ckpt), "--layer", "2", "--prompt", "a harbour at dawn", "--out",
+            str(tmp_path / "h2.safetensors")]
+    _modules("import sys\nimport qwen3vl_l50_nbdev.tokenizer as t\nseen, pre = [], t.prefetch\n"
+             "def prefetch(path): seen.append('torch' in sys.modules); pre(path)\nt.prefetch = prefetch\n"
+             f"from qwen3vl_l50_nbdev.cli import main\nassert main({argv!r}) == 0\n"
+             "assert seen == [False] and not t._PREFETCHED, (seen, t._PREFETCHED)")

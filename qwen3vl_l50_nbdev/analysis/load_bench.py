@@ -51,7 +51,8 @@ import torch, time, json, sys
 from qwen3vl_l50_nbdev.encoder import Encoder
 torch.cuda.init(); torch.empty(1, device="cuda")
 t = time.perf_counter()
-enc = Encoder.from_pretrained(sys.argv[1], int(sys.argv[2]), progress=False)
+kw = json.loads(sys.argv[3]) if len(sys.argv) > 3 else {}   # online FP8, offload
+enc = Encoder.from_pretrained(sys.argv[1], int(sys.argv[2]), progress=False, **kw)
 torch.cuda.synchronize(); s = time.perf_counter() - t
 # after the clock: the old and the new load agree
 sums = [float(p.double().sum()) for p in enc.parameters()]
@@ -161,10 +162,12 @@ def read_gbps(files, threads: int = 8) -> float:
     return r["bytes"] / r["seconds"] / 1e9
 
 # %% ../../nbs/analysis/08a_load_bench.ipynb #b8a1000e
-def bench_load(ckpt, layers: int, old: str | None = None, here: str | None = None) -> list[dict]:
+def bench_load(ckpt, layers: int, old: str | None = None, here: str | None = None,
+               only: tuple = ()) -> list[dict]:
     ("Every case on checkpoint `ckpt` (`layers` kept), page cache warm: the floors, ours (the "
-     "package at `here`, default: this one), the package at `old`, TP-2 rank 0, transformers; a "
-     "row each with GB/s.")
+     "package at `here`, default: this one), the package at `old`, TP-2 rank 0, online FP8, "
+     "offload, the block-FP8 form (`ckpt`-fp8), transformers; a row each with GB/s (`only`: "
+     "these cases).")
     from qwen3vl_l50_nbdev.loading import SLOTS, SLOT_BYTES, READERS
     files = sorted(str(f) for f in Path(ckpt).glob("*.safetensors"))
     run_case(_FLOOR_READ, [8, *files])   # the page cache warm
@@ -187,6 +190,14 @@ def bench_load(ckpt, layers: int, old: str | None = None, here: str | None = Non
              ("ours, TP 2 rank 0, whole rows",
               "the same, whole rows read and the columns cut on the device",
               _OURS_LOAD, [ckpt, layers, 2, "whole", READERS], here),
+             ("ours: online FP8", "from_pretrained(quant='fp8'): bf16 read, then quantized",
+              _OURS, [ckpt, layers, '{"quant": "fp8"}'], here),
+             ("ours: offload cpu", "from_pretrained(offload='cpu'): the layers into pinned host "
+              "memory", _OURS, [ckpt, layers, '{"offload": "cpu"}'], here),
+             ("ours: offload layerwise", "from_pretrained(offload='layerwise')", _OURS,
+              [ckpt, layers, '{"offload": "layerwise"}'], here),
+             ("ours: block FP8", "from_pretrained of the checkpoint's block-FP8 form "
+              "(quantize_checkpoint)", _OURS, [f"{ckpt}-fp8", layers], here),
              ("transformers", 'Qwen3VLModel.from_pretrained(device_map="cuda")', _HF, [ckpt], None),
              ("ours, again", "the same as ours: the spread between two runs", _OURS, [ckpt, layers],
               here)]
@@ -195,7 +206,7 @@ def bench_load(ckpt, layers: int, old: str | None = None, here: str | None = Non
     except RuntimeError as e: checks = f"FAILED: {str(e)[-600:]}"
     print("checks on CUDA:", checks, flush=True)
     for case, what, program, args, path in cases:
-        if case == "old" and old is None: continue
+        if case == "old" and old is None or only and case not in only: continue
         try: r = run_case(program, args, path)
         # the other cases still run
         except RuntimeError as e: print(f"{case}: {e}", flush=True); continue
@@ -228,6 +239,8 @@ def command(argv=None) -> int:
                     help="a folder holding another copy of the package, to compare")
     ap.add_argument("--out", required=True, help="the CSV to write")
     ap.add_argument("--commit", default=None, help="git commit to record (default: git rev-parse)")
+    ap.add_argument("--cases", type=lambda s: tuple(s.split(",")), default=(),
+                    help="only these cases, comma-separated (default: every one)")
     a = ap.parse_args(argv)
     import torch
     if not torch.cuda.is_available():
@@ -239,7 +252,14 @@ def command(argv=None) -> int:
                  "write_32b_checkpoint(sys.argv[1], int(sys.argv[2])); print('{}')",
                  [a.dir, a.layers])
         print(f"checkpoint written in {time.perf_counter() - t:.0f} s", flush=True)
-    rows = bench_load(a.dir, a.layers, a.old)
+    fp8 = Path(f"{a.dir}-fp8")
+    if not (fp8 / "config.json").exists() and (not a.cases or "ours: block FP8" in a.cases):
+        t = time.perf_counter()
+        run_case("import sys; from qwen3vl_l50_nbdev.fp8_blocks import quantize_checkpoint; "
+                 "quantize_checkpoint(sys.argv[1], sys.argv[2], device='cuda'); print('{}')",
+                 [a.dir, fp8])
+        print(f"block-FP8 form written in {time.perf_counter() - t:.0f} s", flush=True)
+    rows = bench_load(a.dir, a.layers, a.old, only=a.cases)
     cmd = f"python -m qwen3vl_l50_nbdev.analysis load {' '.join(sys.argv[1:])}"
     write_csv(pd.DataFrame(rows), a.out, provenance("cuda", a.commit, cmd))
     return 0

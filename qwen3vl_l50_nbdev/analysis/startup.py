@@ -23,6 +23,8 @@ from ..fast import CACHE_ENV
 # %% ../../nbs/analysis/09a_startup_bench.ipynb #c580d0cb
 OURS = r"""
 import json, sys, time; T = [("start", time.time())]; a = json.loads(sys.argv[1])
+from qwen3vl_l50_nbdev.tokenizer import prefetch
+prefetch(a["model"])   # as the CLI does: the tokenizer built while torch is imported
 import torch; T.append(("import torch", time.time()))
 from qwen3vl_l50_nbdev.encoder import Encoder
 from qwen3vl_l50_nbdev.inputs import Processor
