@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 PKG = Path(__file__).resolve().parents[1] / "qwen3vl_l50_nbdev"
-# the core, low to high: a module imports only modules to its left (settings and config import nothing of ours)
+# the core, low to high: a module imports only modules to its left (settings and files import nothing of ours)
 ORDER = ("settings files config metrics provenance dist tp rope vision deepstack text tiny fp8 fp8_kernel fp8_blocks "
          "loading fast_layers overlap fast offload encoder tokenizer inputs prompts contract hf validate_report "
          "validate dataset cli").split()
