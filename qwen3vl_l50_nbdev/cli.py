@@ -89,11 +89,26 @@ def _load_one(path, cfg) -> dict:
     return as_prompt(cfg, **d)
 
 # %% ../nbs/12_cli.ipynb #3d3d4e1d
-def _encoder(a, dev):
-    "The encoder of `--model` with the numerics options of `a` (`settings.Numerics`)."
+def _encoder(a, dev, kinds=None):
+    ("The encoder of `--model` with the numerics options of `a` (`settings.Numerics`); in fast "
+     "mode warmed up for `kinds` of call (`fast.warmup`; None: every kind).")
     from qwen3vl_l50_nbdev.encoder import Encoder
-    return Encoder.from_pretrained(a.model, selected_layer=a.layer, device=dev,
-                                   **Numerics.from_args(a).kwargs())
+    from qwen3vl_l50_nbdev.fast import FastConfig, warmup
+    kw = Numerics.from_args(a).kwargs()
+    if kinds is None or kw.get("mode") != "fast":
+        return Encoder.from_pretrained(a.model, selected_layer=a.layer, device=dev, **kw)
+    enc = Encoder.from_pretrained(a.model, selected_layer=a.layer, device=dev,
+                                  fast=FastConfig(warmup=False), **kw)
+    enc.warmup_s = warmup(enc, kinds)
+    return enc
+
+# %% ../nbs/12_cli.ipynb #9a2d5f3e
+def _warmups(xs: list[dict]) -> tuple:
+    ("The kinds of call (`fast.WARMUPS`) that encoding the prompts `xs` makes: text, several "
+     "packed, pictures.")
+    pictures = any(x.get(k) is not None for x in xs
+                   for k in ("pixel_values", "pixel_values_videos"))
+    return ("text",) + (("packed",) if len(xs) > 1 else ()) + (("pictures",) if pictures else ())
 
 # %% ../nbs/12_cli.ipynb #565b80d7
 def cmd_encode(a):
@@ -108,7 +123,7 @@ def cmd_encode(a):
     # only rank 0 writes: its view of --out decides
     agree(lambda: check_apart(a.out, _input_files(a)))
     xs = _load_inputs(a, EncoderConfig.from_hf(a.model, a.layer))
-    enc = _encoder(a, dev)
+    enc = _encoder(a, dev, _warmups(xs))   # fast mode: only what these inputs need is compiled
     hs = [enc.encode(**xs[0])] if len(xs) == 1 else enc.encode_batch(xs)
     names = ["hidden_states"] if len(hs) == 1 else [f"hidden_states.{i}" for i in range(len(hs))]
     # the same on every rank: the states are replicated
