@@ -378,6 +378,7 @@ def warmup(enc, kinds=WARMUPS) -> float:
      "compiled layers and blocks take any length, number of prompts and picture size without "
      "compiling again; seconds taken. A kind left out compiles on its first call. Other lengths "
      "take their graph on their second call (`TextRunner`).")
+    kinds = (kinds,) if isinstance(kinds, str) else tuple(kinds)
     if bad := sorted(set(kinds) - set(WARMUPS)):
         raise ValueError(f"warmup kinds {bad}: choose among {WARMUPS}")
     t = time.perf_counter()
