@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import NamedTuple
 # torch-free: `--help` imports no torch
 from .settings import Numerics, add_numerics
+from .tokenizer import prefetch, _PREFETCHED
 
 # %% ../nbs/12_cli.ipynb #e70858c3
 def cmd_make_tiny(a):
@@ -551,7 +552,6 @@ def _tokenizer_early(a):
     ("`encode --prompt`, `validate`, `encode-dataset`: `--model`'s tokenizer built in a thread "
      "from now on, while torch is imported (`tokenizer.prefetch`).")
     if a.cmd in ("validate", "encode-dataset") or a.cmd == "encode" and a.prompt is not None:
-        from qwen3vl_l50_nbdev.tokenizer import prefetch
         prefetch(a.model)
 
 # %% ../nbs/12_cli.ipynb #9f94a07e
@@ -590,6 +590,9 @@ def main(argv=None) -> int:
     finally:
         for s, h in old.items(): signal.signal(s, h)
         if dist.is_initialized(): dist.destroy_process_group()
+        # a tokenizer started for this command and not taken (it failed first) is not kept: the
+        # next call in this process reads the files again
+        _PREFETCHED.clear()
     # under `launch`: the code goes to the launcher, and bad input is done for torchrun
     return exit_code(rc)
 
