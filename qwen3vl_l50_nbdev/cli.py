@@ -96,11 +96,10 @@ def _encoder(a, dev, kinds=None):
     from qwen3vl_l50_nbdev.encoder import Encoder
     from qwen3vl_l50_nbdev.fast import FastConfig, warmup
     kw = Numerics.from_args(a).kwargs()
-    if kinds is None or kw.get("mode") != "fast":
-        return Encoder.from_pretrained(a.model, selected_layer=a.layer, device=dev, **kw)
+    some = kinds is not None and kw["mode"] == "fast"   # warmed up here, not by from_pretrained
     enc = Encoder.from_pretrained(a.model, selected_layer=a.layer, device=dev,
-                                  fast=FastConfig(warmup=False), **kw)
-    enc.warmup_s = warmup(enc, kinds)
+                                  fast=FastConfig(warmup=False) if some else None, **kw)
+    if some: enc.warmup_s = warmup(enc, kinds)
     return enc
 
 # %% ../nbs/12_cli.ipynb #9a2d5f3e
