@@ -90,17 +90,13 @@ def _load_one(path, cfg) -> dict:
     return as_prompt(cfg, **d)
 
 # %% ../nbs/12_cli.ipynb #3d3d4e1d
-def _encoder(a, dev, kinds=None):
-    ("The encoder of `--model` with the numerics options of `a` (`settings.Numerics`); in fast "
-     "mode warmed up for `kinds` of call (`fast.warmup`; None: every kind).")
+def _encoder(a, dev, kinds=True):
+    ("The encoder of `--model` with the numerics options of `a` (`settings.Numerics`); fast mode "
+     "warmed up for `kinds` of call (`FastConfig.warmup`: True every kind).")
     from qwen3vl_l50_nbdev.encoder import Encoder
-    from qwen3vl_l50_nbdev.fast import FastConfig, warmup
-    kw = Numerics.from_args(a).kwargs()
-    some = kinds is not None and kw["mode"] == "fast"   # warmed up here, not by from_pretrained
-    enc = Encoder.from_pretrained(a.model, selected_layer=a.layer, device=dev,
-                                  fast=FastConfig(warmup=False) if some else None, **kw)
-    if some: enc.warmup_s = warmup(enc, kinds)
-    return enc
+    from qwen3vl_l50_nbdev.fast import FastConfig
+    return Encoder.from_pretrained(a.model, selected_layer=a.layer, device=dev,
+                                   fast=FastConfig(warmup=kinds), **Numerics.from_args(a).kwargs())
 
 # %% ../nbs/12_cli.ipynb #9a2d5f3e
 def _warmups(xs: list[dict]) -> tuple:

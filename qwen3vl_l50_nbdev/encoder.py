@@ -293,7 +293,7 @@ def from_pretrained(cls: Encoder,
     if mode == "fast": apply_fast(enc, fast or FastConfig())
     if offload and quant: enc.device = torch.device(device); enc.set_offload(offload, ring)
     # CUDA: no later call compiles
-    elif enc.mode == "fast" and enc.fast.warmup: enc.warmup_s = warmup(enc)
+    elif enc.mode == "fast" and enc.fast.warmup: enc.warmup_s = warmup(enc, enc.fast.warmup)
     return enc
 
 # %% ../nbs/08_encoder.ipynb #4dfabe8a

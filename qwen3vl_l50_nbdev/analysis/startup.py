@@ -32,12 +32,10 @@ T.append(("import package", time.time()))
 x = Processor.from_pretrained(a["model"])(a["prompt"]); T.append(("tokenizer", time.time()))
 if a["device"].startswith("cuda"):
     torch.zeros(1, device=a["device"]); T.append(("cuda init", time.time()))
-from qwen3vl_l50_nbdev.fast import FastConfig, warmup
-fast = a["mode"] == "fast"   # as encode --prompt: the warm-up for a text prompt alone
+from qwen3vl_l50_nbdev.fast import FastConfig
+# as encode --prompt: fast mode warmed up for a text prompt alone
 enc = Encoder.from_pretrained(a["model"], selected_layer=a["layer"], mode=a["mode"],
-                              device=a["device"], progress=False,
-                              fast=FastConfig(warmup=False) if fast else None)
-if fast: enc.warmup_s = warmup(enc, ("text",))
+                              device=a["device"], progress=False, fast=FastConfig(warmup="text"))
 sync = torch.cuda.synchronize if enc.device.type == "cuda" else (lambda: None)
 sync(); T.append(("load", time.time()))
 h = enc.encode(**x); sync(); T.append(("first encode", time.time()))
