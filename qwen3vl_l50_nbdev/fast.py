@@ -5,7 +5,8 @@
 # %% auto #0
 __all__ = ['PAD', 'GRAPH_ROWS', 'FAST_GRAPH_ROWS', 'OVERLAP_FROM', 'WARMUPS', 'CACHE_ENV', 'check_mode', 'pad_to', 'pad',
            'Graphs', 'hooked', 'TextRunner', 'VisionRunner', 'no_graphs', 'warmup_kinds', 'FastConfig', 'sums_',
-           'compile_', 'compile_cache', 'keep_compiled_in', 'runners', 'apply_fast', 'warmup']
+           'compile_', 'compile_cache', 'keep_compiled_in', 'warm_kinds', 'mark_warm', 'compile_threads_', 'runners',
+           'apply_fast', 'warmup']
 
 # %% ../nbs/08a_fast.ipynb #ca438c29
 import contextlib
@@ -339,6 +340,27 @@ def keep_compiled_in(path: Path) -> Path:
     os.environ["TRITON_CACHE_DIR"] = str(path / "triton")
     return path
 
+# %% ../nbs/08a_fast.ipynb #7c2f9d41
+def warm_kinds(path: Path) -> set:
+    "The kinds of call (`WARMUPS`) a warm-up has compiled into the cache directory `path`."
+    return {p.name for p in (path / "warmed").glob("*")} & set(WARMUPS)
+
+def mark_warm(path: Path, kinds) -> None:
+    "Mark `kinds` of call compiled into the cache directory `path` (`warmup`, when it is done)."
+    (path / "warmed").mkdir(parents=True, exist_ok=True)
+    for k in warmup_kinds(kinds): (path / "warmed" / k).touch()
+
+def compile_threads_(path: Path, kinds) -> int:
+    ("Inductor's compile workers for this process, to warm up `kinds` with the cache `path`: 1 (no "
+     "pool, kernels loaded in this process) when an earlier warm-up compiled them all there, else "
+     "torch's default; `TORCHINDUCTOR_COMPILE_THREADS` decides when set.")
+    import torch._inductor.config as inductor
+    if "TORCHINDUCTOR_COMPILE_THREADS" not in os.environ:
+        warm = warm_kinds(path)
+        inductor.compile_threads = (1 if warm and set(warmup_kinds(kinds)) <= warm
+                                    else inductor.decide_compile_threads())
+    return inductor.compile_threads
+
 # %% ../nbs/08a_fast.ipynb #7f5c657b
 def runners(enc, cfg: FastConfig | None, stages: tuple = STAGES) -> tuple:
     "Step 4: the decoder's and the vision tower's runners for `cfg` (None: exact mode's)."
@@ -371,7 +393,8 @@ def apply_fast(enc, cfg: FastConfig | None):
     enc.sums = sums_(enc, cfg)
     attach_sums_(enc.text, enc.sums)
     compiled = cfg is not None and cfg.compile
-    if compiled and enc.device.type == "cuda": keep_compiled_in(compile_cache(enc, cfg))
+    if compiled and enc.device.type == "cuda":
+        compile_threads_(keep_compiled_in(compile_cache(enc, cfg)), cfg.warmup)
     stages = (enc.runner.stages if enc.compiled else compile_(enc)) if compiled else STAGES
     enc.compiled = stages is not STAGES
     # what the fused step left exact: several prompts or frames outside
@@ -404,6 +427,7 @@ def warmup(enc, kinds=WARMUPS) -> float:
     pictures = ((((1, 8, 8),), ()), (((1, 12, 16),), ()), ((), ((2, 8, 8),)), ((), ((3, 8, 12),)))
     for i, (images, videos) in enumerate(pictures if "pictures" in kinds else ()):
         enc.encode(**synthetic_inputs(enc.cfg, images, videos, text_len=8, seed=i))
+    if enc.compiled: mark_warm(compile_cache(enc, enc.fast), kinds)
     # compiling leaves much garbage behind: collected now, not by a full collection in a first call
     gc.collect()
     return time.perf_counter() - t
