@@ -284,7 +284,8 @@ def from_pretrained(cls: Encoder,
         fp8 = {k for k, e in check_checkpoint(path, enc).items() if e.scale}
         block_fp8_model_(enc.text, blocks.block, fp8, device=enc.device)
     # read into them
-    if offload and not quant: enc.device = torch.device(device); enc.set_offload(offload, ring)
+    if offload and not quant:
+        enc.device = torch.device(device); enc.set_offload(offload, ring, copy=False)
     progress = group.rank == 0 if progress is None else progress
     enc.load_stats = load_checkpoint(enc, path, progress=progress, group=group)
     # online FP8: the decoder projections only, quantized from the loaded weights (then offloaded)
@@ -425,20 +426,23 @@ def offload(self: Encoder) -> str | None:
 
 # %% ../nbs/08_encoder.ipynb #abac82bd
 @patch
-def set_offload(self: Encoder, offload: str | None, ring: int = 2) -> "Encoder":
+def set_offload(self: Encoder, offload: str | None, ring: int = 2,
+                copy: bool = True) -> "Encoder":
     ("Move the weights: None (all on `device`), 'cpu' (pinned host memory; `load_to_device`, "
      "`offload_to_cpu`) or 'layerwise' (decoder layers streamed through `ring` device buffers, "
-     "the rest on `device`).")
+     "the rest on `device`); `copy=False`: the parameters offloaded hold nothing yet (a load "
+     "fills them next), none is copied to host memory.")
     _check_placement(offload, self.mode, ring)
     host = self.offloader.release() if self.offloader else {}   # the packed host copies are reused
     self.offloader, self._ring = None, ring
     self._drop_graphs()
     resident = {"vision": self.vision, "embed_tokens": self.text.embed_tokens}
     layers = {f"layers.{i}": m for i, m in enumerate(self.text.layers)}
-    if offload == "cpu": self.offloader = CpuOffload(resident | layers, self.device, host)
+    if offload == "cpu": self.offloader = CpuOffload(resident | layers, self.device, host, copy)
     else:
         for m in (resident | ({} if offload else layers)).values(): m.to(self.device)
-        if offload: self.offloader = LayerwiseOffload(self.text.layers, self.device, ring, host)
+        if offload:
+            self.offloader = LayerwiseOffload(self.text.layers, self.device, ring, host, copy)
     # what moved off the device is free for others
     if self.device.type == "cuda": torch.cuda.empty_cache()
     return self

@@ -30,6 +30,8 @@ class Packed:
      "`pin`); `bind` moves them.")
     def __init__(self, module: nn.Module,  # the module whose tensors to pack
                  pin: bool = False,  # pin the host buffer (fast, asynchronous copies to a GPU)
+                 # copy the parameters in (False: they hold nothing yet); buffers are copied
+                 copy: bool = True,
                 ):
         self.entries, off = [], 0   # (owner, leaf, is parameter, dtype, shape, byte offset)
         for kind, named in ((True, module.named_parameters()), (False, module.named_buffers())):
@@ -43,7 +45,8 @@ class Packed:
         with torch.inference_mode(False):
             self.host = torch.empty(self.nbytes, dtype=torch.uint8, pin_memory=pin)
             self.host_views = self.views(self.host)
-        for v, t in zip(self.host_views, self.tensors()): v.copy_(t)
+        for v, t, (_, _, is_param, *_) in zip(self.host_views, self.tensors(), self.entries):
+            if copy or not is_param: v.copy_(t)
         self.bind(self.host_views)
 
 # %% ../nbs/10_offload.ipynb #7ae8f6ff
@@ -76,12 +79,13 @@ class _Offload:
     ("Parts of a model packed in host memory (pinned for a CUDA `device`), reused from `host` "
      "where given.")
     kind = None
-    def __init__(self, parts: dict[str, nn.Module], device, host: dict | None = None):
+    def __init__(self, parts: dict[str, nn.Module], device, host: dict | None = None,
+                 copy: bool = True):
         self.device, self.parts = torch.device(device), parts
         pin = self.device.type == "cuda"
         host = {k: p for k, p in (host or {}).items()
                 if k in parts and (p.host.is_pinned() or not pin)}
-        self.host = {k: host.get(k) or Packed(m, pin) for k, m in parts.items()}
+        self.host = {k: host.get(k) or Packed(m, pin, copy) for k, m in parts.items()}
 
     def release(self) -> dict[str, Packed]:
         ("Undo: every packed part bound to its host buffer again, device buffers let go; returns "
@@ -98,8 +102,9 @@ class CpuOffload(_Offload):
     def __init__(self, parts: dict[str, nn.Module],  # the modules to offload, by name
                  device,                         # the device they compute on
                  host: dict | None = None,       # `Packed` parts to reuse, by name (from `release`)
+                 copy: bool = True,   # the weights into host memory (False: they hold nothing yet)
                 ):
-        super().__init__(parts, device, host)
+        super().__init__(parts, device, host, copy)
         self.buffer = None   # the device copy of every part, one flat buffer, while loaded
 
     @property
@@ -142,11 +147,12 @@ class LayerwiseOffload(_Offload):
                  device,                     # the device they compute on
                  ring: int = 2,              # device buffers: 2 overlap a layer's copy with compute
                  host: dict | None = None,   # `Packed` layers to reuse, by name (from `release`)
+                 copy: bool = True,   # the weights into host memory (False: they hold nothing yet)
                 ):
         if not 1 <= ring:
             raise ValueError(f"ring={ring}: at least 1 device buffer (2 overlap a copy with "
                              "compute)")
-        super().__init__({f"layers.{i}": m for i, m in enumerate(layers)}, device, host)
+        super().__init__({f"layers.{i}": m for i, m in enumerate(layers)}, device, host, copy)
         self.packs, k = list(self.host.values()), min(ring, len(layers))
         cuda = self.device.type == "cuda"
         with torch.inference_mode(False):

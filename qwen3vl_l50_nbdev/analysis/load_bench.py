@@ -260,6 +260,7 @@ def command(argv=None) -> int:
                  [a.dir, fp8])
         print(f"block-FP8 form written in {time.perf_counter() - t:.0f} s", flush=True)
     rows = bench_load(a.dir, a.layers, a.old, only=a.cases)
-    cmd = f"python -m qwen3vl_l50_nbdev.analysis load {' '.join(sys.argv[1:])}"
+    cmd = ("python -m qwen3vl_l50_nbdev.analysis load "
+           + " ".join(sys.argv[1:] if argv is None else argv))
     write_csv(pd.DataFrame(rows), a.out, provenance("cuda", a.commit, cmd))
     return 0

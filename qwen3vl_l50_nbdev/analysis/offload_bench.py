@@ -109,7 +109,8 @@ def command(argv=None) -> int:
             rows = [r for rs in every for r in rs]
         if not dist.is_initialized() or dist.get_rank() == 0:
             launch = f"torchrun --nproc_per_node {world} -m" if world > 1 else "python -m"
-            cmd = f"{launch} qwen3vl_l50_nbdev.analysis offload {' '.join(sys.argv[1:])}"
+            cmd = (f"{launch} qwen3vl_l50_nbdev.analysis offload "
+                   + " ".join(sys.argv[1:] if argv is None else argv))
             meta = provenance(dev, a.commit, cmd)
             write_csv(pd.DataFrame(rows), a.out, meta)
     finally:
