@@ -7,6 +7,7 @@ __all__ = ['check_inputs', 'as_prompt', 'NotMember', 'copy_rows', 'HostCopy', 'E
 
 # %% ../nbs/08_encoder.ipynb #d0b65198
 import contextlib
+import time
 from typing import Iterable
 import torch
 import torch.nn as nn
@@ -274,6 +275,7 @@ def from_pretrained(cls: Encoder,
     if device is None:
         cuda = torch.cuda.is_available()
         device = torch.device("cuda", torch.cuda.current_device()) if cuda else "cpu"
+    t0 = time.perf_counter()
     # else dequantized to `dtype` on load
     fp8_gemms = blocks is not None and block_kernel(device) == "scaled_mm"
     # never a bf16 copy of FP8 projections
@@ -283,11 +285,17 @@ def from_pretrained(cls: Encoder,
     if fp8_gemms:
         fp8 = {k for k, e in check_checkpoint(path, enc).items() if e.scale}
         block_fp8_model_(enc.text, blocks.block, fp8, device=enc.device)
+    t1 = time.perf_counter()
     # read into them
     if offload and not quant:
         enc.device = torch.device(device); enc.set_offload(offload, ring, copy=False)
     progress = group.rank == 0 if progress is None else progress
-    enc.load_stats = load_checkpoint(enc, path, progress=progress, group=group)
+    t2 = time.perf_counter()
+    # the model made (on the device, or offloaded in host memory), pinned, read, checked
+    took = dict(build=t1 - t0, pin=t2 - t1)
+    # offloaded weights checked on the device they will run on
+    enc.load_stats = load_checkpoint(enc, path, progress, group, check_on=device, seconds=took)
+    enc.load_stats |= {f"{k}_s": v for k, v in took.items()}
     # online FP8: the decoder projections only, quantized from the loaded weights (then offloaded)
     if quant == "fp8": quantize_model_(enc.text, fp8_granularity, fp8_act)
     # after FP8: it swaps the layers FP8 made too

@@ -16,6 +16,7 @@ import math
 import os
 import re
 import struct
+import time
 from collections import defaultdict, deque
 from concurrent.futures import ThreadPoolExecutor
 from functools import lru_cache
@@ -618,15 +619,15 @@ def _read(p: _Part, buf: torch.Tensor, runs: list):
     finally: os.close(fd)
 
 # %% ../nbs/07_loading.ipynb #8ee19745
-def _to_host(p: _Part, e0: int, e1: int, runs: list) -> int:
+def _to_host(p: _Part, e0: int, e1: int, runs: list, check: bool = True) -> int:
     ("Read elements `e0:e1` of `p` straight into its host target (through a scratch when cast); "
-     "its bad values.")
+     "its bad values (`check` False: left to the caller, 0).")
     dst = p.dst.view(-1)[e0:e1]
     if dst.dtype == p.src.dtype: buf = dst.view(torch.uint8)
     else: buf = torch.empty(sum(n for _, n in runs), dtype=torch.uint8)
     _read(p, buf, runs)
     v = buf.view(p.src.dtype)
-    n = int(_bad_values(v, p.scales))   # as read, in the checkpoint's dtype
+    n = int(_bad_values(v, p.scales)) if check else 0   # as read, in the checkpoint's dtype
     if dst.dtype != p.src.dtype: dst.copy_(v)
     return n
 
@@ -638,16 +639,19 @@ def _to_slot(p: _Part, runs: list, slot: torch.Tensor, free: torch.cuda.Event):
 
 # %% ../nbs/07_loading.ipynb #a7c1e006
 def _stream(parts: list[_Part], stats: dict, threads: int | None = None,
-            progress: str | None = None) -> list[int]:
+            progress: str | None = None, check_on=None) -> list[int]:
     ("Fill every part's target from the files, reader threads ahead of asynchronous copies out of "
      "one pinned ring; returns each part's count of bad values (`_bad_values`), checked where it "
-     "landed.")
+     "landed, or for pinned host targets of the checkpoint's dtype on CUDA device `check_on` "
+     "(offloaded weights: a copy of each piece to a scratch there, as it is read).")
     bad = [0] * len(parts)
     dev = next((p.dst.device for p in parts if p.dst.is_cuda), None)
     ring = (None if dev is None
             else torch.empty(SLOTS, SLOT_BYTES, dtype=torch.uint8, pin_memory=True))
     free, on_dev = [torch.cuda.Event() for _ in range(SLOTS)] if dev else [], []
-    scratch = (None if dev is None or not WHOLE_ROWS
+    if check_on is not None and torch.device(check_on).type != "cuda": check_on = None
+    dev = dev or (torch.device(check_on) if check_on is not None else None)
+    scratch = (None if dev is None or not (WHOLE_ROWS or check_on)
                else torch.empty(SLOT_BYTES, dtype=torch.uint8, device=dev))
     def issue(i, p, e0, e1, cut, s, read):   # the slot's bytes to the device, checked there
         read.result()
@@ -662,19 +666,30 @@ def _stream(parts: list[_Part], stats: dict, threads: int | None = None,
             cols = scratch[:rows * row].view(rows, row)[:, at:at + n]
             dst.view(torch.uint8).view(rows, n).copy_(cols)
         on_dev.append((i, _bad_values(dst, p.scales))); free[s].record()
+    def check(i, p, e0, e1, read):   # a host piece, once read, checked on the device
+        read.result()
+        dst = p.dst.view(-1)[e0:e1]
+        seen = scratch[:dst.nbytes].copy_(dst.view(torch.uint8), non_blocking=True)
+        on_dev.append((i, _bad_values(seen.view(dst.dtype), p.scales)))
     bar = tqdm(total=sum(p.dst.nbytes for p in parts), desc=progress, unit="B", unit_scale=True,
                disable=progress is None)
     try:
         with ThreadPoolExecutor(max(1, min(threads or READERS, os.cpu_count() or 1))) as pool, \
              torch.cuda.device(dev) if dev else contextlib.nullcontext():
-            host, flying, j = [], deque(), 0
+            host, flying, reading, j = [], deque(), deque(), 0
             for i, p in enumerate(parts):
                 if p.pad is not None: p.pad.zero_()
                 if not p.length: continue
                 stats["tensors_read"] += 1
+                there = (check_on is not None and not p.dst.is_cuda
+                         and p.dst.dtype == p.src.dtype and p.dst.is_pinned())
                 for e0, e1, runs, cut in _runs(p, SLOT_BYTES):
                     stats["bytes_read"] += sum(n for _, n in runs)   # whole rows: all of them
                     bar.update(p.dst.element_size() * (e1 - e0))
+                    if there and (e1 - e0) * p.dst.element_size() <= SLOT_BYTES:
+                        if len(reading) == 4 * SLOTS: check(*reading.popleft())
+                        job = pool.submit(_to_host, p, e0, e1, runs, False)
+                        reading.append((i, p, e0, e1, job)); continue
                     if not p.dst.is_cuda:
                         host.append((i, pool.submit(_to_host, p, e0, e1, runs))); continue
                     # frees the slot this read will use
@@ -683,6 +698,7 @@ def _stream(parts: list[_Part], stats: dict, threads: int | None = None,
                     job = pool.submit(_to_slot, p, runs, ring[s], free[s])
                     flying.append((i, p, e0, e1, cut, s, job))
             while flying: issue(*flying.popleft())
+            while reading: check(*reading.popleft())
             for i, f in host: bad[i] += f.result()
             # waits for every copy
             counts = torch.stack([c for _, c in on_dev]).tolist() if on_dev else []
@@ -703,10 +719,12 @@ def _check_parts(parts: list[_Part], bad: list[int]):
 
 # %% ../nbs/07_loading.ipynb #0e535aac
 def load_checkpoint(model: nn.Module, path, progress: bool = True, group: Group | None = None,
-                    threads: int | None = None) -> dict:
+                    threads: int | None = None, check_on=None, seconds: dict | None = None) -> dict:
     ("Fill `model` from an HF checkpoint dir, each TP layer reading only its slice (`threads` "
      "readers, default `READERS`); returns what was read. `group`: the ranks loading it, which "
-     "then fail together.")
+     "then fail together; `check_on`: the CUDA device pinned host targets are checked on "
+     "(`_stream`); `seconds`: a dict given the seconds each step took.")
+    t0 = time.perf_counter()
     entries = check_checkpoint(path, model)
     files = sorted({e.file for e in entries.values()}
                    | {e.scale.file for e in entries.values() if e.scale})
@@ -720,9 +738,13 @@ def load_checkpoint(model: nn.Module, path, progress: bool = True, group: Group 
             else: parts += ps
         with torch.no_grad():
             title = f"loading {Path(path).name}" if progress else None
-            _check_parts(parts, _stream(parts, stats, threads, title))
+            t1 = time.perf_counter()
+            _check_parts(parts, _stream(parts, stats, threads, title, check_on))
+            t2 = time.perf_counter()
             # a block-FP8 weight dequantized
             for mod, leaf, split, t in rest: fill_(mod, leaf, split, t)
+        if seconds is not None:   # read: read, copied and checked
+            seconds |= dict(index=t1 - t0, read=t2 - t1, dequantize=time.perf_counter() - t2)
     except ValueError as e: err = e   # a bad value in this rank's slice
     if group is not None and group.size > 1:
         flag = torch.tensor([float(err is not None)], device=next(model.parameters()).device)

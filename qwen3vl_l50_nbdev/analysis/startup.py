@@ -46,8 +46,13 @@ print("STAMPS " + json.dumps(dict(stamps=T, tokens=len(x["input_ids"]), stats=st
 
 # %% ../../nbs/analysis/09a_startup_bench.ipynb #304eb333
 CALLS = OURS + r"""
+import gc
+from torch._dynamo.utils import counters
 from qwen3vl_l50_nbdev.fast import no_graphs
 ids = min(1000, enc.cfg.text_id_limit)
+collecting = []   # seconds in garbage collections, per collection
+gc.callbacks.append(lambda phase, info: collecting.append(
+    time.perf_counter() * (1 if phase == "stop" else -1)))
 def timed(n, graphs=True):
     x = dict(input_ids=(torch.arange(n) * 7 + 11) % ids)
     sync(); t = time.perf_counter()
@@ -55,8 +60,13 @@ def timed(n, graphs=True):
     else:
         with no_graphs(enc.runner): enc.encode(**x)
     sync(); return time.perf_counter() - t
+def seen(n):   # a call at a new length: seconds, in garbage collections, graphs compiled, captured
+    k, c, g = len(collecting), counters["stats"]["unique_graphs"], enc.runner.graphs.captures
+    s = timed(n)
+    return dict(s=s, gc_s=sum(collecting[k:]), compiled=counters["stats"]["unique_graphs"] - c,
+                captured=enc.runner.graphs.captures - g)
 # lengths never met before
-calls = {n: [timed(n) for _ in range(a["calls"])] for n in a["lengths"]}
+calls = {n: [seen(n) for _ in range(a["calls"])] for n in a["lengths"]}
 enc.runner.graph_rows = max(a["crossover"])   # graphs past fast mode's cap, to time them
 cross = {}
 for n in a["crossover"]:
@@ -157,8 +167,10 @@ def startup(model, layers=(10,), device: str = "cuda", reps: int = 1, modes=("ex
                                   env)
                     base = dict(program="ours", mode="fast", cache="warm", layers=n, rep=rep,
                                 checkpoint_gb=gb)
-                    rows += [base | dict(phase=f"call {k + 1}", rows=int(m), seconds=s)
-                             for m, ts in r["calls"].items() for k, s in enumerate(ts)]
+                    rows += [base | dict(phase=f"call {k + 1}", rows=int(m), seconds=c["s"],
+                                         gc_s=c["gc_s"], compiled=c["compiled"],
+                                         captured=c["captured"])
+                             for m, cs in r["calls"].items() for k, c in enumerate(cs)]
                     rows += [base | dict(phase=p, rows=int(m), seconds=s)
                              for m, ts in r["crossover"].items()
                              for p, s in zip(("graph", "no graph"), ts)]
