@@ -26,7 +26,7 @@ from safetensors.torch import save_file
 from fastcore.basics import patch
 from .config import EncoderConfig, tiny
 from .files import path_exists, read_json
-from .tp import ColumnParallelLinear, RowParallelLinear, RowSum
+from .tp import ColumnParallelLinear, RowParallelLinear, RowSum, materialize_
 from .text import DecoderLayer
 from .fp8 import FP8, FP8_MAX, LAYER_PLAN
 
@@ -469,7 +469,7 @@ def block_fp8_model_(model: nn.Module,  # a model with `text.DecoderLayer`s, wei
         if any(t.is_meta for t in chain(m.parameters(recurse=False), m.buffers(recurse=False))):
             if device is None:
                 raise ValueError("projections built on the meta device: pass the device they go to")
-            m.to_empty(device=device, recurse=False)
+            materialize_(m, device, recurse=False)
     return model
 
 # %% ../nbs/09a_fp8_blocks.ipynb #acfe16a3

@@ -4,7 +4,7 @@
 
 # %% auto #0
 __all__ = ['REDUCES', 'REDUCE_MODES', 'STYLES', 'divide', 'shard', 'VocabParallelEmbedding', 'projections_on_meta',
-           'ColumnParallelLinear', 'Reduce', 'check_reduce', 'RowSum', 'RowParallelLinear']
+           'ColumnParallelLinear', 'materialize_', 'Reduce', 'check_reduce', 'RowSum', 'RowParallelLinear']
 
 # %% ../nbs/02_tp.ipynb #09b03cbd
 import contextlib
@@ -90,7 +90,7 @@ _ON_META = contextvars.ContextVar("projections_on_meta", default=False)
 @contextlib.contextmanager
 def projections_on_meta():
     ("Within: column- and row-parallel linears are built on the meta device (shapes, no memory), "
-     "for a caller that replaces each or materializes it (`to_empty`) before loading: "
+     "for a caller that replaces each or materializes it (`materialize_`) before loading: "
      "a block-FP8 load never holds bf16 projections.")
     token = _ON_META.set(True)
     try: yield
@@ -118,6 +118,13 @@ class ColumnParallelLinear(nn.Module):
         ws = self.weight.split(self.local_splits)
         bs = self.bias.split(self.local_splits) if self.bias is not None else [None] * len(ws)
         return [F.linear(x, w, b) for w, b in zip(ws, bs)]
+
+# %% ../nbs/02_tp.ipynb #1c7f4b20
+def materialize_(module: nn.Module, device, recurse: bool = True) -> nn.Module:
+    ("`module`'s meta tensors (its submodules' too: `recurse`) given uninitialised memory on "
+     "`device`, as `to_empty` does; the others stay.")
+    def empty(t): return torch.empty(t.shape, dtype=t.dtype, device=device) if t.is_meta else t
+    return module._apply(empty, recurse=recurse)
 
 # %% ../nbs/02_tp.ipynb #f42dc029
 @patch

@@ -12,6 +12,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 from .config import VisionConfig
+from .tp import materialize_
 from fastcore.basics import patch
 from .rope import (
     VisionRotary, vision_positions, apply_rotary, grid_rows, check_grids)
@@ -187,7 +188,7 @@ class VisionModel(nn.Module):
         self.merger = PatchMerger(cfg, False, **kw)
         self.deepstack_merger_list = nn.ModuleList(PatchMerger(cfg, True, **kw)
                                                    for _ in cfg.deepstack_visual_indexes)
-        self.to_empty(device=device or torch.get_default_device()).requires_grad_(False)
+        materialize_(self, device or torch.get_default_device()).requires_grad_(False)
 
     def forward(self, pixel_values: torch.Tensor,
                 grid_thw: torch.Tensor) -> tuple[torch.Tensor, list[torch.Tensor]]:

@@ -209,6 +209,8 @@ def bench_load(ckpt, layers: int, old: str | None = None, here: str | None = Non
              ("transformers", 'Qwen3VLModel.from_pretrained(device_map="cuda")', _HF, [ckpt], None),
              ("ours, again", "the same as ours: the spread between two runs", _OURS, [ckpt, layers],
               here)]
+    if unknown := sorted(set(only) - {c[0] for c in cases}):
+        raise ValueError(f"no case {unknown}: choose among {[c[0] for c in cases]}")
     rows, sums = [], {}
     try: checks = "; ".join(run_case(_CHECK, [], here)["checks"])
     except RuntimeError as e: checks = f"FAILED: {str(e)[-600:]}"
@@ -249,8 +251,9 @@ def command(argv=None) -> int:
                     help="a folder holding another copy of the package, to compare")
     ap.add_argument("--out", required=True, help="the CSV to write")
     ap.add_argument("--commit", default=None, help="git commit to record (default: git rev-parse)")
-    ap.add_argument("--cases", type=lambda s: tuple(s.split(",")), default=(),
-                    help="only these cases, comma-separated (default: every one)")
+    ap.add_argument("--cases", type=lambda s: tuple(c.strip() for c in s.split(";")), default=(),
+                    help="only these cases, separated by semicolons (their names hold commas; "
+                         "default: every one)")
     a = ap.parse_args(argv)
     import torch
     if not torch.cuda.is_available():
