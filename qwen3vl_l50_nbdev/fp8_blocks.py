@@ -164,7 +164,12 @@ class BlockTensor:
         self.weight, self.scale_inv, self.block, self.name = weight, scale_inv, tuple(block), name
         self.shape = torch.Size(weight.shape)
 
-    def read(self) -> torch.Tensor: return self.narrow(0, 0, self.shape[0])
+    def read(self, device=None) -> torch.Tensor:
+        ("The whole tensor dequantized to fp32, on `device` (default: where its pieces are; "
+         "fp32 products, the same bits anywhere).")
+        if device is None: return self.narrow(0, 0, self.shape[0])
+        q, s = self.blocks(0, 0, self.shape[0])
+        return dequantize_blocks(q.to(device), s.to(device), self.block)
 
 # %% ../nbs/09a_fp8_blocks.ipynb #b4a27b4a
 @patch

@@ -135,8 +135,10 @@ def full_shape(mod: nn.Module, leaf: str, split: int | None) -> tuple:
 def fill_(mod: nn.Module, leaf: str, split: int | None, full):
     ("Copy this rank's part of the full tensor `full` (a tensor, or a checkpoint slice read on "
      "demand) into `mod.leaf` (`split`).")
-    if sharding_rule(mod, leaf) is not None: mod.load(full, split)
-    else: getattr(mod, leaf).data.copy_(full if isinstance(full, torch.Tensor) else full.read())
+    if sharding_rule(mod, leaf) is not None: return mod.load(full, split)
+    dst = getattr(mod, leaf).data
+    if isinstance(full, BlockTensor): full = full.read(dst.device)   # dequantized where it goes
+    dst.copy_(full if isinstance(full, torch.Tensor) else full.read())
 
 # %% ../nbs/07_loading.ipynb #2f31bc1c
 class Target(NamedTuple):

@@ -127,6 +127,8 @@ e.encode(torch.arange(8))
 done.append("online fp8 loads and encodes")
 ck8 = quantize_checkpoint(make_tiny_checkpoint(d / "b16", block_tiny(3)), d / "fp8")
 e8 = Encoder.from_pretrained(ck8, 3, device="cuda", progress=False)
+assert same(e8.vision, Encoder.from_pretrained(ck8, 3, device="cpu", progress=False).vision)
+done.append("block fp8: the vision tower dequantized on the device = on the cpu")
 full = {k: v for f in ck8.glob("*.safetensors") for k, v in load_file(f).items()}
 back = unshard([e8.cpu()])
 assert all(torch.equal(v.view(torch.uint8), full[k].view(torch.uint8)) for k, v in back.items()
