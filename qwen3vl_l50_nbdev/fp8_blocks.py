@@ -217,15 +217,16 @@ def block_mm_reference(x: torch.Tensor, w: torch.Tensor, scale_inv: torch.Tensor
     return (xd @ dequantize_blocks(w, scale_inv, block).T).to(out_dtype)
 
 # %% ../nbs/09a_fp8_blocks.ipynb #969c0738
-_OP: list = []   # the Triton quantizer op once `fp8_kernel` is imported (None without Triton)
+_OPS: dict = {}   # False: the Triton quantizer as it is; True: as a torch op (None without Triton)
 
-def _fused_op():
-    ("The Triton quantizer as a torch op (`fp8_kernel`), imported on the first call and kept "
-     "(later calls, compiled layers' among them, read it); None without Triton.")
-    if not _OP:
-        from qwen3vl_l50_nbdev.fp8_kernel import quantize_act_op
-        _OP.append(quantize_act_op())
-    return _OP[0]
+def _fused_op(compiled: bool = False):
+    ("The Triton quantizer (`fp8_kernel`), imported on the first call and kept: the kernel as it "
+     "is, or (`compiled`) the torch op that compiled layers call, registered then; None without "
+     "Triton.")
+    if compiled not in _OPS:
+        from qwen3vl_l50_nbdev import fp8_kernel
+        _OPS[compiled] = fp8_kernel.quantize_act_op() if compiled else fp8_kernel.quantize_act()
+    return _OPS[compiled]
 
 # %% ../nbs/09a_fp8_blocks.ipynb #f330b724
 def quantize_act_fused(x: torch.Tensor, k: int = 128) -> tuple[torch.Tensor, torch.Tensor]:
@@ -235,7 +236,9 @@ def quantize_act_fused(x: torch.Tensor, k: int = 128) -> tuple[torch.Tensor, tor
     if x.ndim != 2 or x.shape[1] % k:
         raise ValueError(f"activations of shape {list(x.shape)}: need [rows, columns] with columns "
                          f"a multiple of {k}")
-    if not x.is_cuda or (op := _fused_op()) is None: return quantize_act_blocks(x, k)
+    # compiled code (fast mode) calls the op, registered before it compiles (`act_quant_kernel`)
+    if not x.is_cuda or (op := _fused_op(torch.compiler.is_compiling())) is None:
+        return quantize_act_blocks(x, k)
     return op(x.contiguous(), k)
 
 # %% ../nbs/09a_fp8_blocks.ipynb #8b9745a3
@@ -258,7 +261,7 @@ def _say_once(msg: str):
 # %% ../nbs/09a_fp8_blocks.ipynb #ea650417
 # device -> "scaled_mm" | "dequantize": what `block_kernel` found, probed once per device
 _KERNELS: dict = {}
-# device -> does `quantize_act_fused` run there with `quantize_act_blocks`' bits (probed with it)
+# device -> does `quantize_act_fused` give `quantize_act_blocks`' bits there (`act_quant_kernel`)
 _FUSED: dict = {}
 
 def _key(device) -> torch.device:
@@ -306,11 +309,11 @@ def _probe_fused(device: torch.device) -> bool:
 # %% ../nbs/09a_fp8_blocks.ipynb #65ad33d3
 def block_kernel(device) -> str:
     ("How block-FP8 layers compute on `device`: 'scaled_mm' where `torch._scaled_mm` takes 1x128 x "
-     "128x128 block scales and agrees with `block_mm_reference` (probed once, with "
-     "`quantize_act_fused`'s bits), else 'dequantize' (bf16 weights, said once).")
+     "128x128 block scales and agrees with `block_mm_reference` (probed once), else 'dequantize' "
+     "(bf16 weights, said once).")
     device = _key(device)
     if device not in _KERNELS:
-        _KERNELS[device], _FUSED[device] = _probe(device), _probe_fused(device)
+        _KERNELS[device] = _probe(device)
         if _KERNELS[device] == "dequantize":
             logging.getLogger(__name__).warning(
                 f"block-FP8 checkpoint on {device}: no block-scaled FP8 GEMM here (CPU, pre-Hopper "
@@ -319,11 +322,14 @@ def block_kernel(device) -> str:
     return _KERNELS[device]
 
 # %% ../nbs/09a_fp8_blocks.ipynb #6788a461
-def act_quant_kernel(device) -> str:
-    ("How block-FP8 layers quantize their activations on `device`: 'triton' (`quantize_act_fused`) "
-     "or 'torch'.")
-    block_kernel(device)
-    return "triton" if _FUSED[_key(device)] else "torch"
+def act_quant_kernel(device, compiled: bool = False) -> str:
+    ("How block-FP8 layers quantize their activations on `device`: 'triton' (`quantize_act_fused`, "
+     "probed on the first call: the first block-FP8 forward, not the load) or 'torch'; "
+     "`compiled`: the op that compiled layers call registered too (before compiling them).")
+    device = _key(device)
+    if device not in _FUSED: _FUSED[device] = _probe_fused(device)
+    if compiled and _FUSED[device]: _fused_op(True)
+    return "triton" if _FUSED[device] else "torch"
 
 # %% ../nbs/09a_fp8_blocks.ipynb #93ad4c8e
 def block_mm(x: torch.Tensor,          # activations [M, K], bf16
@@ -347,7 +353,7 @@ def block_mm(x: torch.Tensor,          # activations [M, K], bf16
     # rows padded to a multiple of 4 as well: the activation scales' leading dimension is the rows
     m = x.shape[0]
     # the same bits (probed)
-    quant = quantize_act_fused if _FUSED[x.device] else quantize_act_blocks
+    quant = quantize_act_fused if act_quant_kernel(x.device) == "triton" else quantize_act_blocks
     xq, xs = quant(x if m % 4 == 0 else F.pad(x, (0, 0, 0, -m % 4)), block[1])
     return block_scaled_mm(xq, xs, w, scale_inv, out_dtype)[:m]
 
