@@ -133,6 +133,9 @@ class _Runner:
          "else math) attention, never cuDNN's, which builds a plan per new size (`NO_PLANS`).")
         return (contextlib.nullcontext() if self.plans or not x.is_cuda
                 else sdpa_kernel(NO_PLANS))
+    def __call__(self, x: torch.Tensor, *args, **kwargs):
+        "The subclass's `run(x, ...)` within the attention kernels it allows (`attention`)."
+        with self.attention(x): return self.run(x, *args, **kwargs)
     def eager(self, x: torch.Tensor) -> bool:
         "Run the model itself, not a graph: on the CPU, with graphs off, or with hooks."
         return not (x.is_cuda and self.use_graphs) or self.hooked()
@@ -171,16 +174,11 @@ class TextRunner(_Runner):
 
 # %% ../nbs/08a_fast.ipynb #64374d41
 @patch
-def __call__(self: TextRunner, h: torch.Tensor, positions: torch.Tensor,
-             visual_idx: torch.Tensor | None = None, deepstack: list | None = None,
-             lens: list[int] | None = None) -> torch.Tensor:
-    ("The model's output for `h` [seq, H] (the first `seq` rows of it, when padded); `lens`: "
-     "packed prompts.")
-    with self.attention(h): return self.run(h, positions, visual_idx, deepstack, lens)
-
-@patch
-def run(self: TextRunner, h, positions, visual_idx=None, deepstack=None, lens=None):
-    "`__call__` within its attention kernels."
+def run(self: TextRunner, h: torch.Tensor, positions: torch.Tensor,
+        visual_idx: torch.Tensor | None = None, deepstack: list | None = None,
+        lens: list[int] | None = None) -> torch.Tensor:
+    ("A call: the model's output for `h` [seq, H] (the first `seq` rows of it, when padded); "
+     "`lens`: packed prompts.")
     n, rows = h.shape[0], self.rows(h.shape[0])
     if rows > n:   # the padding joins the last prompt, after its tokens: they never see it
         h, positions = pad(h, positions, rows)
@@ -215,13 +213,10 @@ class VisionRunner(_Runner):
                  graph_frames: bool = True, plans: bool = True):
         super().__init__(vision, graphs, max_graphs, plans)
         self.vision, self.graph_frames = vision, graph_frames
-    def __call__(self, pixel_values: torch.Tensor,
-                 grid_thw) -> tuple[torch.Tensor, list[torch.Tensor]]:
-        ("`vision(pixel_values, grid_thw)`: the merged tokens and the DeepStack features, tensors "
-         "of their own.")
-        with self.attention(pixel_values): return self.run(pixel_values, grid_thw)
-    def run(self, pixel_values, grid_thw):
-        "`__call__` within its attention kernels."
+    def run(self, pixel_values: torch.Tensor,
+            grid_thw) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        ("A call: `vision(pixel_values, grid_thw)`, the merged tokens and the DeepStack features, "
+         "tensors of their own.")
         v = self.vision
         if self.eager(pixel_values): return v(pixel_values, grid_thw)
         x, cos, sin, lens = v.embed(pixel_values, grid_thw)
