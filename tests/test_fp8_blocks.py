@@ -164,6 +164,36 @@ def test_bad_scales_refused_by_block_layers(ckpts, tmp_path, what):
     edit, msg = BAD[what]
     with pytest.raises(ValueError, match=msg): _block_encoder(broken_checkpoint(ckpts[1], tmp_path / "bad", edit))
 
+@pytest.fixture
+def staged(monkeypatch):
+    "Block-FP8 weights of bf16 layers staged as on a GPU, here on the CPU, one tensor a batch."
+    from qwen3vl_l50_nbdev import loading
+    monkeypatch.setattr(loading, "STAGE_ON", ("cuda", "cpu"))
+    monkeypatch.setattr(loading, "STAGE_BYTES", 1)
+
+def test_staged_load_equals_the_slice_reads(ckpts, staged, monkeypatch):
+    "Streamed whole onto the layer's device, then dequantized there: every parameter bit for bit, every byte counted."
+    from qwen3vl_l50_nbdev import loading
+    calls, stream = [], loading._stream
+    monkeypatch.setattr(loading, "_stream", lambda parts, *a, **kw: calls.append(len(parts)) or stream(parts, *a, **kw))
+    a = Encoder.from_pretrained(ckpts[1], 3, progress=False)
+    assert sum(n == 2 for n in calls) > 10   # a weight and its scales per batch
+    monkeypatch.setattr(loading, "STAGE_ON", ())
+    b = Encoder.from_pretrained(ckpts[1], 3, progress=False)
+    pa, pb = dict(a.named_parameters()), dict(b.named_parameters())
+    assert pa.keys() == pb.keys() and all(torch.equal(pa[k], pb[k]) for k in pa)
+    assert a.load_stats["bytes_read"] == b.load_stats["bytes_read"]
+
+V = "model.visual.blocks.0.attn.qkv.weight"
+@pytest.mark.parametrize("what,edit,msg", [
+    ("a NaN weight", lambda sd: sd[V].view(torch.uint8).view(-1).__setitem__(5, 0x7F),
+     rf"{V} in model.safetensors holds 1 NaN or Inf value"),
+    ("a zero scale", lambda sd: sd[V + "_scale_inv"].view(-1).__setitem__(0, 0.0),
+     rf"{V}_scale_inv holds 1 scale\(s\) that are not finite and positive")])
+def test_staged_bad_values_named(ckpts, tmp_path, staged, what, edit, msg):
+    with pytest.raises(ValueError, match=msg):
+        Encoder.from_pretrained(broken_checkpoint(ckpts[1], tmp_path / "bad", _edit(edit)), 3, progress=False)
+
 def test_quant_fp8_on_a_block_checkpoint_refused(ckpts):
     with pytest.raises(ValueError, match="block-FP8 checkpoint .* drop quant='fp8'"):
         Encoder.from_pretrained(ckpts[1], 3, progress=False, quant="fp8")
