@@ -518,11 +518,12 @@ class _Slice:
 # %% ../nbs/07_loading.ipynb #18be10c9
 @patch
 def runs(self: _Slice, dim: int, start: int, length: int) -> list[tuple[int, int]]:
-    ("The (file offset, bytes) runs that hold `narrow(dim, start, length)`: one, or one per row "
-     "above `dim`.")
+    ("The (file offset, bytes) runs that hold `narrow(dim, start, length)`: one (rows, or all of "
+     "`dim`), or one per row above `dim`.")
     inner = math.prod(self.shape[dim + 1:]) * self.dtype.itemsize
     step, outer = self.shape[dim] * inner, math.prod(self.shape[:dim])
     if not length: return []
+    if start == 0 and length == self.shape[dim]: return [(self.offset, outer * step)]
     return [(self.offset + o * step + start * inner, length * inner) for o in range(outer)]
 
 # %% ../nbs/07_loading.ipynb #9bc0a857
@@ -604,7 +605,7 @@ def _runs(p: _Part, cap: int) -> list[tuple]:
         return [(e, (e1 := min(e + step, n // item)), [(off + e * item, (e1 - e) * item)], None)
                 for e in range(0, n // item, step)]
     # a whole row's bytes, the slice's
-    row, n = p.src.runs(p.dim, 0, p.src.shape[p.dim])[0][1], runs[0][1]
+    row, n = math.prod(p.src.shape[p.dim:]) * item, runs[0][1]
     if WHOLE_ROWS and p.dst.is_cuda and p.dst.dtype == p.src.dtype:
         k, at = max(1, cap // row), runs[0][0] - p.src.runs(p.dim, 0, 1)[0][0]
         return [(i * n // item, (j := min(i + k, len(runs))) * n // item,
