@@ -607,7 +607,7 @@ def _runs(p: _Part, cap: int) -> list[tuple]:
     # a whole row's bytes, the slice's
     row, n = math.prod(p.src.shape[p.dim:]) * item, runs[0][1]
     if WHOLE_ROWS and p.dst.is_cuda and p.dst.dtype == p.src.dtype:
-        k, at = max(1, cap // row), runs[0][0] - p.src.runs(p.dim, 0, 1)[0][0]
+        k, at = max(1, cap // row), runs[0][0] - p.src.offset   # the slice's first byte in its row
         return [(i * n // item, (j := min(i + k, len(runs))) * n // item,
                  [(runs[i][0] - at, (j - i) * row)], (row, at, n)) for i in range(0, len(runs), k)]
     k = max(1, cap // n)   # rows of a column slice: one run each, whole rows per piece
