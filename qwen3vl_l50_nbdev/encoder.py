@@ -21,7 +21,8 @@ from .rope import rope_index, mm_token_types
 from .deepstack import placeholder_masks, scatter_visual, merge_deepstack
 from .loading import (load_checkpoint, checkpoint_tensors, _missing_message,
                                        check_checkpoint)
-from .fp8_blocks import checkpoint_format, block_kernel, block_fp8_model_
+from .fp8_blocks import (checkpoint_format, block_kernel, block_fp8_model_,
+                                          may_block_mm, probe_block_kernel, dequantize_model_)
 # `Encoder.load_weights` checks, then calls it
 from .loading import load_weights as fill_weights
 from .loading import checkpoint_name
@@ -276,8 +277,10 @@ def from_pretrained(cls: Encoder,
         cuda = torch.cuda.is_available()
         device = torch.device("cuda", torch.cuda.current_device()) if cuda else "cpu"
     t0 = time.perf_counter()
-    # else dequantized to `dtype` on load
-    fp8_gemms = blocks is not None and block_kernel(device) == "scaled_mm"
+    # FP8 layers where a GPU may run block-FP8 GEMMs, its probe beside the load (else dequantized
+    # to `dtype` on load)
+    fp8_gemms = blocks is not None and may_block_mm(device)
+    if fp8_gemms: probe_block_kernel(device)
     # never a bf16 copy of FP8 projections
     with projections_on_meta() if fp8_gemms else contextlib.nullcontext():
         # offloaded: into host memory
@@ -296,6 +299,8 @@ def from_pretrained(cls: Encoder,
     # offloaded weights checked on the device they will run on
     enc.load_stats = load_checkpoint(enc, path, progress, group, check_on=device, seconds=took)
     enc.load_stats |= {f"{k}_s": v for k, v in took.items()}
+    # the probe said no: the bf16 layers a dequantized load makes, the same bits
+    if fp8_gemms and block_kernel(device) != "scaled_mm": dequantize_model_(enc.text, dtype)
     # online FP8: the decoder projections only, quantized from the loaded weights (then offloaded)
     if quant == "fp8": quantize_model_(enc.text, fp8_granularity, fp8_act)
     # after FP8: it swaps the layers FP8 made too

@@ -5,9 +5,10 @@
 # %% auto #0
 __all__ = ['ACT_SCHEMES', 'SCALE_DTYPES', 'SCALE_MAX', 'BLOCK_LAYERS', 'EMBEDDINGS', 'BlockFp8', 'block_format',
            'quantize_blocks', 'dequantize_blocks', 'check_scales', 'check_scale_values', 'scale_name', 'BlockTensor',
-           'quantize_act_blocks', 'block_mm_reference', 'quantize_act_fused', 'block_scaled_mm', 'block_kernel',
-           'act_quant_kernel', 'block_mm', 'BlockFp8ColumnParallelLinear', 'BlockFp8RowParallelLinear', 'block_tiny',
-           'block_fp8_model_', 'is_linear_weight', 'quantize_tensors', 'quantize_checkpoint', 'checkpoint_format']
+           'quantize_act_blocks', 'block_mm_reference', 'quantize_act_fused', 'block_scaled_mm', 'may_block_mm',
+           'block_kernel', 'probe_block_kernel', 'act_quant_kernel', 'block_mm', 'BlockFp8ColumnParallelLinear',
+           'BlockFp8RowParallelLinear', 'block_tiny', 'block_fp8_model_', 'dequantize_model_', 'is_linear_weight',
+           'quantize_tensors', 'quantize_checkpoint', 'checkpoint_format']
 
 # %% ../nbs/09a_fp8_blocks.ipynb #b959d2c7
 import json
@@ -16,6 +17,7 @@ import logging
 import os
 import re
 import shutil
+import threading
 from pathlib import Path
 from dataclasses import dataclass
 import torch
@@ -263,6 +265,7 @@ def _say_once(msg: str):
 _KERNELS: dict = {}
 # device -> does `quantize_act_fused` give `quantize_act_blocks`' bits there (`act_quant_kernel`)
 _FUSED: dict = {}
+_PROBING = threading.Lock()   # one probe at a time: a second caller waits for the first's answer
 
 def _key(device) -> torch.device:
     ("One key a device: 'cuda' and what its tensors say, 'cuda:0', are one (else compiled code "
@@ -271,12 +274,18 @@ def _key(device) -> torch.device:
     if d.type != "cuda" or d.index is not None: return d
     return torch.device("cuda", torch.cuda.current_device())
 
+def may_block_mm(device) -> bool:
+    ("Could block-FP8 GEMMs run on `device`, a Hopper or later GPU? Only `block_kernel`'s probe "
+     "says whether they do.")
+    d = torch.device(device)
+    return d.type == "cuda" and torch.cuda.get_device_capability(d) >= (9, 0)
+
+
 # %% ../nbs/09a_fp8_blocks.ipynb #fa57c899
 def _probe(device: torch.device) -> str:
     ("'scaled_mm' where `block_scaled_mm` runs on `device` and agrees with `block_mm_reference`, "
      "else 'dequantize'.")
-    if device.type != "cuda" or torch.cuda.get_device_capability(device) < (9, 0):
-        return "dequantize"
+    if not may_block_mm(device): return "dequantize"
     g = torch.Generator(device).manual_seed(0)
     # 512 x 512: cuBLAS wants the scales' K blocks in multiples of 4 (every 32B shape has them; 256
     # gave garbage)
@@ -312,14 +321,26 @@ def block_kernel(device) -> str:
      "128x128 block scales and agrees with `block_mm_reference` (probed once), else 'dequantize' "
      "(bf16 weights, said once).")
     device = _key(device)
-    if device not in _KERNELS:
-        _KERNELS[device] = _probe(device)
-        if _KERNELS[device] == "dequantize":
-            logging.getLogger(__name__).warning(
-                f"block-FP8 checkpoint on {device}: no block-scaled FP8 GEMM here (CPU, pre-Hopper "
-                "GPU or cuBLAS < 12.9): the FP8 weights are dequantized to bf16 on load (the bf16 "
-                "model's memory and speed)")
+    with _PROBING:
+        if device not in _KERNELS:
+            _KERNELS[device] = _probe(device)
+            if _KERNELS[device] == "dequantize":
+                logging.getLogger(__name__).warning(
+                    f"block-FP8 checkpoint on {device}: no block-scaled FP8 GEMM here (CPU, "
+                    "pre-Hopper GPU or cuBLAS < 12.9): the FP8 weights are dequantized to bf16 on "
+                    "load (the bf16 model's memory and speed)")
     return _KERNELS[device]
+
+def probe_block_kernel(device) -> threading.Thread:
+    ("`block_kernel(device)` started in a thread, its GPU work beside the caller's (a load's "
+     "reads); the caller's own `block_kernel` call waits for its answer.")
+    def probe():
+        try: block_kernel(device)
+        except Exception: pass   # not kept: the caller's own call probes again and raises it
+    t = threading.Thread(target=probe, name="block-FP8 GEMM probe", daemon=True)
+    t.start()
+    return t
+
 
 # %% ../nbs/09a_fp8_blocks.ipynb #6788a461
 def act_quant_kernel(device, compiled: bool = False) -> str:
@@ -482,6 +503,28 @@ def block_fp8_model_(model: nn.Module,  # a model with `text.DecoderLayer`s, wei
                 raise ValueError("projections built on the meta device: pass the device they go to")
             materialize_(m, device, recurse=False)
     return model
+
+# %% ../nbs/09a_fp8_blocks.ipynb #5d1a0c3e
+def _dequantized(m: nn.Module, dtype) -> nn.Module:
+    ("The `dtype` layer a dequantized load makes of block-FP8 layer `m` (`BlockTensor.narrow`): "
+     "its weight times its scales in fp32, rounded once.")
+    (n, k), dev = m.weight.shape, m.weight.device
+    lin = (ColumnParallelLinear(k, m.splits, m.group, dtype=dtype, device=dev)
+           if isinstance(m, BlockFp8ColumnParallelLinear) else
+           RowParallelLinear(k * m.group.size, n, m.group, reduce=m.reduce, dtype=dtype, device=dev))
+    lin.bias = m.bias
+    with torch.no_grad(): lin.weight.copy_(dequantize_blocks(m.weight, m.weight_scale_inv, m.block))
+    return lin
+
+def dequantize_model_(model: nn.Module, dtype=torch.bfloat16) -> nn.Module:
+    ("Replace, in place, each block-FP8 layer of `model` by the `dtype` layer that loading the "
+     "checkpoint dequantized makes, the same bits (for a GPU whose probe said no after its "
+     "FP8 layers were built); returns `model`.")
+    fp8 = [(parent, name, m) for parent in model.modules() for name, m in parent.named_children()
+           if isinstance(m, tuple(BLOCK_LAYERS.values()))]
+    for parent, name, m in fp8: setattr(parent, name, _dequantized(m, dtype))
+    return model
+
 
 # %% ../nbs/09a_fp8_blocks.ipynb #acfe16a3
 # 2-D weights of Qwen3-VL that are embedding tables, not linears

@@ -210,6 +210,11 @@ def bench_load(ckpt, layers: int, old: str | None = None, here: str | None = Non
               "does by default (PYTORCH_CUDA_ALLOC_CONF set)", _OURS,
               [ckpt, layers, '{"offload": "cpu"}'], here,
               {"PYTORCH_CUDA_ALLOC_CONF": "pinned_use_cuda_host_register:False"}),
+             ("ours: offload cpu, PyTorch's registration", "the same, the host memory pinned by "
+              "PyTorch's allocator: malloc, the pages touched in 8 threads, cudaHostRegister",
+              _OURS, [ckpt, layers, '{"offload": "cpu"}'], here,
+              {"PYTORCH_CUDA_ALLOC_CONF": "pinned_use_cuda_host_register:True,"
+                                          "pinned_num_register_threads:8"}),
              ("ours: offload layerwise", "from_pretrained(offload='layerwise')", _OURS,
               [ckpt, layers, '{"offload": "layerwise"}'], here),
              ("ours: block FP8", "from_pretrained of the checkpoint's block-FP8 form "
