@@ -45,6 +45,18 @@ a.record(); [dst.copy_(src, non_blocking=True) for _ in range(3)]; z.record(); z
 print(json.dumps(dict(seconds=a.elapsed_time(z) / 3e3, bytes=n)))
 """
 
+# %% ../../nbs/analysis/08a_load_bench.ipynb #b8a1000c
+_FLOOR_TOUCH = """
+import json, mmap, sys, time, torch
+from qwen3vl_l50_nbdev.offload import HUGE, _touch
+n, threads = int(sys.argv[1]), int(sys.argv[2])
+m = mmap.mmap(-1, n, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+if hasattr(mmap, "MADV_HUGEPAGE"): m.madvise(mmap.MADV_HUGEPAGE)
+t = time.perf_counter(); _touch(torch.frombuffer(m, dtype=torch.uint8), threads)
+print(json.dumps(dict(seconds=time.perf_counter() - t, bytes=n)))
+"""
+
+
 # %% ../../nbs/analysis/08a_load_bench.ipynb #b7bdebb9
 _OURS = """
 import torch, time, json, sys
@@ -181,6 +193,7 @@ def bench_load(ckpt, layers: int, old: str | None = None, here: str | None = Non
      "offload, the block-FP8 form (`ckpt`-fp8), transformers; a row each with GB/s (`only`: "
      "these cases).")
     from qwen3vl_l50_nbdev.loading import SLOTS, SLOT_BYTES, READERS
+    from qwen3vl_l50_nbdev.offload import TOUCH
     files = sorted(str(f) for f in Path(ckpt).glob("*.safetensors"))
     run_case(_FLOOR_READ, [8, *files])   # the page cache warm
     here = here or str(Path(__file__).resolve().parents[2])
@@ -189,6 +202,9 @@ def bench_load(ckpt, layers: int, old: str | None = None, here: str | None = Non
               None),
              ("floor: read, 16 threads", "the same, 16 threads", _FLOOR_READ, [16, *files], None),
              ("floor: host-to-device", "a pinned 4 GiB copy", _FLOOR_H2D, [], None),
+             ("floor: fresh host memory", "the shards' bytes of new memory (huge pages), each "
+              f"page touched once in {TOUCH} threads: what a host target pays first",
+              _FLOOR_TOUCH, [sum(map(os.path.getsize, files)), TOUCH], here),
              ("ours", f"Encoder.from_pretrained; {READERS} readers, ring {SLOTS} x "
               f"{SLOT_BYTES >> 20} MiB pinned", _OURS, [ckpt, layers], here),
              ("ours: load_checkpoint",
