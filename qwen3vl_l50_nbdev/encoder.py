@@ -28,7 +28,7 @@ from .loading import load_weights as fill_weights
 from .loading import checkpoint_name
 from .fp8 import quantize_model_, check_fp8_modes
 from .fast import check_mode, no_graphs, FastConfig, runners, apply_fast, warmup
-from .offload import check_offload, CpuOffload, LayerwiseOffload
+from .offload import check_offload, CpuOffload, LayerwiseOffload, pinning_behind
 
 # %% ../nbs/08_encoder.ipynb #0c038c6f
 def _check_visual(cfg: EncoderConfig, ids, pixels, grid, kind: str, token_id: int):
@@ -289,15 +289,17 @@ def from_pretrained(cls: Encoder,
         fp8 = {k for k, e in check_checkpoint(path, enc).items() if e.scale}
         block_fp8_model_(enc.text, blocks.block, fp8, device=enc.device)
     t1 = time.perf_counter()
-    # read into them
-    if offload and not quant:
-        enc.device = torch.device(device); enc.set_offload(offload, ring, copy=False)
     progress = group.rank == 0 if progress is None else progress
-    t2 = time.perf_counter()
-    # the model made (on the device, or offloaded in host memory), pinned, read, checked
-    took = dict(build=t1 - t0, pin=t2 - t1)
-    # offloaded weights checked on the device they will run on
-    enc.load_stats = load_checkpoint(enc, path, progress, group, check_on=device, seconds=took)
+    # read into them: host memory touched now, registered with CUDA beside the reads
+    with pinning_behind() if offload and not quant else contextlib.nullcontext() as ready:
+        if offload and not quant:
+            enc.device = torch.device(device); enc.set_offload(offload, ring, copy=False)
+        t2 = time.perf_counter()
+        # the model made (on the device, or offloaded in host memory), pinned, read, checked
+        took = dict(build=t1 - t0, pin=t2 - t1)
+        # offloaded weights checked on the device they will run on
+        enc.load_stats = load_checkpoint(enc, path, progress, group, check_on=device,
+                                         seconds=took, ready=ready)
     enc.load_stats |= {f"{k}_s": v for k, v in took.items()}
     # the probe said no: the bf16 layers a dequantized load makes, the same bits
     if fp8_gemms and block_kernel(device) != "scaled_mm": dequantize_model_(enc.text, dtype)

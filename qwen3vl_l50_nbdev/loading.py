@@ -642,11 +642,12 @@ def _to_slot(p: _Part, runs: list, slot: torch.Tensor, free: torch.cuda.Event):
 
 # %% ../nbs/07_loading.ipynb #a7c1e006
 def _stream(parts: list[_Part], stats: dict, threads: int | None = None,
-            progress: str | None = None, check_on=None) -> list[int]:
+            progress: str | None = None, check_on=None, ready=None) -> list[int]:
     ("Fill every part's target from the files, reader threads ahead of asynchronous copies out of "
      "one pinned ring; returns each part's count of bad values (`_bad_values`), checked where it "
      "landed, or for pinned host targets of the checkpoint's dtype on CUDA device `check_on` "
-     "(offloaded weights: a copy of each piece to a scratch there, as it is read).")
+     "(offloaded weights: a copy of each piece to a scratch there, as it is read); `ready(t)` "
+     "waits for a host target's pinning (`offload.pinning_behind`).")
     bad = [0] * len(parts)
     dev = next((p.dst.device for p in parts if p.dst.is_cuda), None)
     ring = (None if dev is None
@@ -684,6 +685,7 @@ def _stream(parts: list[_Part], stats: dict, threads: int | None = None,
                 if p.pad is not None: p.pad.zero_()
                 if not p.length: continue
                 stats["tensors_read"] += 1
+                if ready is not None and not p.dst.is_cuda: ready(p.dst)
                 there = (check_on is not None and not p.dst.is_cuda
                          and p.dst.dtype == p.src.dtype and p.dst.is_pinned())
                 for e0, e1, runs, cut in _runs(p, SLOT_BYTES):
@@ -755,11 +757,13 @@ def _fill_rest(rest: list[tuple], stats: dict, threads: int | None = None):
 
 # %% ../nbs/07_loading.ipynb #0e535aac
 def load_checkpoint(model: nn.Module, path, progress: bool = True, group: Group | None = None,
-                    threads: int | None = None, check_on=None, seconds: dict | None = None) -> dict:
+                    threads: int | None = None, check_on=None, seconds: dict | None = None,
+                    ready=None) -> dict:
     ("Fill `model` from an HF checkpoint dir, each TP layer reading only its slice (`threads` "
      "readers, default `READERS`); returns what was read. `group`: the ranks loading it, which "
-     "then fail together; `check_on`: the CUDA device pinned host targets are checked on "
-     "(`_stream`); `seconds`: a dict given the seconds each step took.")
+     "then fail together; `check_on`: the CUDA device pinned host targets are checked on, "
+     "`ready`: what waits for their pinning (`_stream`); `seconds`: a dict given the seconds "
+     "each step took.")
     t0 = time.perf_counter()
     entries = check_checkpoint(path, model)
     files = sorted({e.file for e in entries.values()}
@@ -775,7 +779,7 @@ def load_checkpoint(model: nn.Module, path, progress: bool = True, group: Group 
         with torch.no_grad():
             title = f"loading {Path(path).name}" if progress else None
             t1 = time.perf_counter()
-            _check_parts(parts, _stream(parts, stats, threads, title, check_on))
+            _check_parts(parts, _stream(parts, stats, threads, title, check_on, ready))
             t2 = time.perf_counter()
             _fill_rest(rest, stats, threads)   # a block-FP8 weight for a bf16 layer
         if seconds is not None:   # read: read, copied and checked
