@@ -509,9 +509,10 @@ def _dequantized(m: nn.Module, dtype) -> nn.Module:
     ("The `dtype` layer a dequantized load makes of block-FP8 layer `m` (`BlockTensor.narrow`): "
      "its weight times its scales in fp32, rounded once.")
     (n, k), dev = m.weight.shape, m.weight.device
-    lin = (ColumnParallelLinear(k, m.splits, m.group, dtype=dtype, device=dev)
-           if isinstance(m, BlockFp8ColumnParallelLinear) else
-           RowParallelLinear(k * m.group.size, n, m.group, reduce=m.reduce, dtype=dtype, device=dev))
+    if isinstance(m, BlockFp8ColumnParallelLinear):
+        lin = ColumnParallelLinear(k, m.splits, m.group, dtype=dtype, device=dev)
+    else: lin = RowParallelLinear(k * m.group.size, n, m.group, reduce=m.reduce, dtype=dtype,
+                                  device=dev)
     lin.bias = m.bias
     with torch.no_grad(): lin.weight.copy_(dequantize_blocks(m.weight, m.weight_scale_inv, m.block))
     return lin
