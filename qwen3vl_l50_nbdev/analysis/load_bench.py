@@ -131,6 +131,13 @@ for off in ("cpu", "layerwise"):
     assert same(e, cpu), off
     assert all(p.is_pinned() for p in e.text.layers.parameters()), off
     done.append(f"offload={off}: = cpu, layers pinned")
+import qwen3vl_l50_nbdev.offload as offload
+offload.HUGE = 4096   # every tiny layer on `pinned`'s own mapping, registered beside the reads
+for off in ("cpu", "layerwise"):
+    e = Encoder.from_pretrained(ck, 3, device="cuda", offload=off, progress=False)
+    assert same(e, cpu) and all(p.is_pinned() for p in e.text.layers.parameters()), off
+offload.HUGE = 2 << 20
+done.append("offload on mapped pages registered beside the reads: = cpu, pinned")
 e = Encoder.from_pretrained(ck, 3, device="cuda", quant="fp8", progress=False)
 e.encode(torch.arange(8))
 done.append("online fp8 loads and encodes")
