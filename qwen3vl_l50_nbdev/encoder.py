@@ -291,9 +291,9 @@ def from_pretrained(cls: Encoder,
     t1 = time.perf_counter()
     progress = group.rank == 0 if progress is None else progress
     # read into them: host memory touched now, registered with CUDA beside the reads
-    with pinning_behind() if offload and not quant else contextlib.nullcontext() as ready:
-        if offload and not quant:
-            enc.device = torch.device(device); enc.set_offload(offload, ring, copy=False)
+    into_host = offload and not quant   # online FP8 offloads what it quantized, after
+    with pinning_behind() if into_host else contextlib.nullcontext() as ready:
+        if into_host: enc.device = torch.device(device); enc.set_offload(offload, ring, copy=False)
         t2 = time.perf_counter()
         # the model made (on the device, or offloaded in host memory), pinned, read, checked
         took = dict(build=t1 - t0, pin=t2 - t1)
