@@ -42,8 +42,9 @@ class _Registered(mmap.mmap):
             try: torch.cuda.cudart().cudaHostUnregister(self.ptr)
             except Exception: pass   # no CUDA left (the interpreter's exit): unmapping frees it
 
-def _touch(t: torch.Tensor, threads: int = TOUCH):
-    "Fault in every page of byte tensor `t`, in `threads` threads."
+def _touch(t: torch.Tensor, threads: int | None = None):
+    "Fault in every page of byte tensor `t`, in `threads` threads (default `TOUCH`, as set now)."
+    threads = threads or TOUCH
     step = -(-t.numel() // threads // HUGE) * HUGE
     with ThreadPoolExecutor(threads) as pool:
         list(pool.map(lambda i: t[i:i + step][::4096].fill_(0), range(0, t.numel(), step)))
