@@ -24,16 +24,16 @@ from pathlib import Path
 from typing import NamedTuple
 # torch-free: `--help` imports no torch
 from .settings import Numerics, add_numerics
-from .tokenizer import prefetch, _PREFETCHED
+from .inputs.tokenizer import prefetch, _PREFETCHED
 
 # %% ../nbs/12_cli.ipynb #e70858c3
 def cmd_make_tiny(a):
     "Write a random tiny HF-format Qwen3-VL checkpoint."
     from qwen3vl_l50_nbdev.config import tiny
     from qwen3vl_l50_nbdev.dist import is_rank0
-    from qwen3vl_l50_nbdev.fp8_blocks import block_tiny, quantize_checkpoint
+    from qwen3vl_l50_nbdev.quant.blocks import block_tiny, quantize_checkpoint
     from qwen3vl_l50_nbdev.tiny import make_tiny_checkpoint
-    from qwen3vl_l50_nbdev.inputs import with_qwen_vocab
+    from qwen3vl_l50_nbdev.inputs.processor import with_qwen_vocab
     blocks = getattr(a, "fp8_blocks", False)   # (a Namespace built by hand may lack it)
     cfg = (block_tiny if blocks else tiny)(selected_layer=1,
                                            text=dict(num_hidden_layers=a.text_layers))
@@ -54,7 +54,7 @@ def _load_inputs(a, cfg) -> list[dict]:
     ("The prompt (`--prompt`, `--image`, `--video`, through `inputs.Processor`), each inputs file, "
      "or synthetic inputs; checked against `cfg` (`encoder.as_prompt`) before anything is loaded.")
     from qwen3vl_l50_nbdev.encoder import as_prompt
-    from qwen3vl_l50_nbdev.inputs import Processor
+    from qwen3vl_l50_nbdev.inputs.processor import Processor
     from qwen3vl_l50_nbdev.tiny import synthetic_inputs
     if a.prompt is not None or a.image or a.video:
         if a.inputs:
@@ -73,7 +73,7 @@ def _load_one(path, cfg) -> dict:
     from safetensors import SafetensorError
     from safetensors.torch import load_file
     from qwen3vl_l50_nbdev.encoder import as_prompt
-    from qwen3vl_l50_nbdev.inputs import check_file
+    from qwen3vl_l50_nbdev.inputs.processor import check_file
     keys, p = ("input_ids", "pixel_values", "image_grid_thw", "pixel_values_videos",
                "video_grid_thw", "attention_mask", "mm_token_type_ids"), Path(path)
     if p.is_dir(): raise ValueError(f"--inputs {p} is a directory: name a .safetensors file")
@@ -94,7 +94,7 @@ def _encoder(a, dev, kinds=True):
     ("The encoder of `--model` with the numerics options of `a` (`settings.Numerics`); fast mode "
      "warmed up for `kinds` of call (`FastConfig.warmup`: True every kind).")
     from qwen3vl_l50_nbdev.encoder import Encoder
-    from qwen3vl_l50_nbdev.fast import FastConfig
+    from qwen3vl_l50_nbdev.fast.apply import FastConfig
     return Encoder.from_pretrained(a.model, selected_layer=a.layer, device=dev,
                                    fast=FastConfig(warmup=kinds), **Numerics.from_args(a).kwargs())
 
@@ -150,8 +150,8 @@ def cmd_check(a) -> int:
     import torch
     from qwen3vl_l50_nbdev.config import EncoderConfig
     from qwen3vl_l50_nbdev.dist import init_world, is_rank0
-    from qwen3vl_l50_nbdev.contract import parity, why
-    from qwen3vl_l50_nbdev.hf import hf_reference
+    from qwen3vl_l50_nbdev.check.contract import parity, why
+    from qwen3vl_l50_nbdev.check.hf import hf_reference
     dev = init_world(a.device)
     inputs = {k: v for k, v in _load_inputs(a, EncoderConfig.from_hf(a.model, a.layer))[0].items()
               if v is not None}
@@ -239,7 +239,7 @@ def _demo_inputs(a, cfg, small: bool) -> dict:
     ("The demo's prompt (yours, or the photograph with `DEMO_PROMPT`) through the checkpoint's "
      "`Processor`, shown.")
     from qwen3vl_l50_nbdev.encoder import as_prompt
-    from qwen3vl_l50_nbdev.inputs import Processor, sample_photo, load_image
+    from qwen3vl_l50_nbdev.inputs.processor import Processor, sample_photo, load_image
     prompt = DEMO_PROMPT if a.prompt is None else a.prompt
     images = a.image if a.image or a.video or a.prompt is not None else [str(sample_photo())]
     proc = Processor.from_pretrained(a.model, **(dict(min_pixels=16 * 16, max_pixels=64 * 64)
@@ -317,7 +317,7 @@ def cmd_validate(a) -> int:
      "(`validate`, imported only here); rank 0 writes the report; 1 when a variant is outside its "
      "contract.")
     from qwen3vl_l50_nbdev.dist import init_world
-    from qwen3vl_l50_nbdev.validate import run_validate
+    from qwen3vl_l50_nbdev.check.validate import run_validate
     # the other ranks wait for rank 0's reference (minutes at 50 layers)
     init_world(a.device, timeout_s=3600)
     return run_validate(a)

@@ -14,21 +14,21 @@ import torch.nn as nn
 from fastcore.basics import patch
 from .config import EncoderConfig
 from .dist import Group, encoder_group
-from .tp import check_reduce, projections_on_meta
-from .vision import VisionModel, check_pixels
-from .text import TextModel
-from .rope import rope_index, mm_token_types
-from .deepstack import placeholder_masks, scatter_visual, merge_deepstack
-from .loading import (load_checkpoint, checkpoint_tensors, _missing_message,
+from .model.tp import check_reduce, projections_on_meta
+from .model.vision import VisionModel, check_pixels
+from .model.text import TextModel
+from .model.rope import rope_index, mm_token_types
+from .model.deepstack import placeholder_masks, scatter_visual, merge_deepstack
+from .weights.loading import (load_checkpoint, checkpoint_tensors, _missing_message,
                                        check_checkpoint)
-from .fp8_blocks import (checkpoint_format, block_kernel, block_fp8_model_,
+from .quant.blocks import (checkpoint_format, block_kernel, block_fp8_model_,
                                           may_block_mm, probe_block_kernel, dequantize_model_)
 # `Encoder.load_weights` checks, then calls it
-from .loading import load_weights as fill_weights
-from .loading import checkpoint_name
-from .fp8 import quantize_model_, check_fp8_modes
-from .fast import check_mode, no_graphs, FastConfig, runners, apply_fast, warmup
-from .offload import check_offload, CpuOffload, LayerwiseOffload, pinning_behind
+from .weights.loading import load_weights as fill_weights
+from .weights.loading import checkpoint_name
+from .quant.fp8 import quantize_model_, check_fp8_modes
+from .fast.apply import check_mode, no_graphs, FastConfig, runners, apply_fast, warmup
+from .weights.offload import check_offload, CpuOffload, LayerwiseOffload, pinning_behind
 
 # %% ../nbs/08_encoder.ipynb #0c038c6f
 def _check_visual(cfg: EncoderConfig, ids, pixels, grid, kind: str, token_id: int):

@@ -17,7 +17,7 @@ from safetensors.torch import load_file, save_file
 from .config import EncoderConfig
 from .dist import Group, encoder_group
 from .metrics import diff_row, checksum
-from .tp import (REDUCE_MODES, shard, VocabParallelEmbedding, ColumnParallelLinear,
+from .model.tp import (REDUCE_MODES, shard, VocabParallelEmbedding, ColumnParallelLinear,
                                   RowParallelLinear)
 
 # %% ../nbs/13_testing.ipynb #4527bc1b
@@ -65,9 +65,9 @@ def edit_config(fn):
 def copy_hf_(ours: nn.Module, hf: nn.Module) -> nn.Module:
     ("Fill `ours` (a `TextModel`, `DecoderLayer`, `VisionModel` or `Encoder`) from the matching HF "
      "module, through `load_weights`.")
-    from qwen3vl_l50_nbdev.loading import load_weights
-    from qwen3vl_l50_nbdev.text import TextModel, DecoderLayer
-    from qwen3vl_l50_nbdev.vision import VisionModel
+    from qwen3vl_l50_nbdev.weights.loading import load_weights
+    from qwen3vl_l50_nbdev.model.text import TextModel, DecoderLayer
+    from qwen3vl_l50_nbdev.model.vision import VisionModel
     kind = {TextModel: ("model.language_model.", dict(text=ours)),
             VisionModel: ("model.visual.", dict(vision=ours)),
             DecoderLayer: ("model.language_model.layers.0.",
@@ -132,7 +132,7 @@ def reduce_error(K: int = 8192, N: int = 512, S: int = 64, outliers: int = 8, sc
 def check_fp8_tp_layers(granularity: str = "channel", act: str = "token", seed: int = 0) -> dict:
     ("On each rank: FP8 column/row layers of the group vs the unsharded FP8 layers; exactness "
      "flags and rel L2 to fp64.")
-    from qwen3vl_l50_nbdev.fp8 import FP8, Fp8ColumnParallelLinear, Fp8RowParallelLinear
+    from qwen3vl_l50_nbdev.quant.fp8 import FP8, Fp8ColumnParallelLinear, Fp8RowParallelLinear
     g = encoder_group()
     torch.manual_seed(seed)   # the same full weights and inputs on every rank
     H, M, S = 64, 96, 9

@@ -8,14 +8,14 @@ import torch
 from safetensors.torch import load_file, save_file
 from qwen3vl_l50_nbdev.dist import spawn
 from qwen3vl_l50_nbdev.encoder import Encoder
-from qwen3vl_l50_nbdev.fp8_blocks import (FP8, BlockFp8, BlockTensor, block_tiny, block_mm_reference, quantize_blocks,
+from qwen3vl_l50_nbdev.quant.blocks import (FP8, BlockFp8, BlockTensor, block_tiny, block_mm_reference, quantize_blocks,
                                           scale_name, dequantize_blocks, quantize_checkpoint, quantize_act_blocks,
                                           BlockFp8ColumnParallelLinear, BlockFp8RowParallelLinear, quantize_act_fused,
                                           act_quant_kernel)
 from qwen3vl_l50_nbdev.metrics import diff_row
 from qwen3vl_l50_nbdev.tiny import make_tiny_checkpoint, synthetic_inputs
 from qwen3vl_l50_nbdev.testing import broken_checkpoint, edit_config, fake_group, encode_on_ranks
-from qwen3vl_l50_nbdev.tp import ColumnParallelLinear, RowParallelLinear, projections_on_meta
+from qwen3vl_l50_nbdev.model.tp import ColumnParallelLinear, RowParallelLinear, projections_on_meta
 
 CFG = block_tiny(3)
 
@@ -57,7 +57,7 @@ def test_writer_quantizes_the_linears_transformers_would(ckpts):
 def test_exact_equals_transformers_dequantized_load(ckpts, inputs, exact):
     ("CPU: transformers dequantizes an FP8 checkpoint on load (fp32 product, rounded once to bf16): so do we. "
      "Its FP8 quantizer needs accelerate (a dev requirement: missing, this fails rather than skips).")
-    from qwen3vl_l50_nbdev.hf import hf_reference
+    from qwen3vl_l50_nbdev.check.hf import hf_reference
     assert torch.equal(exact, hf_reference(ckpts[1], inputs, 3, dtype=torch.bfloat16))
 
 def test_error_against_bf16_is_fp8_sized(ckpts, inputs, exact):
@@ -79,7 +79,7 @@ def test_tp2_gloo(ckpts, inputs, exact):
 def test_tp4_cutting_blocks_refused(ckpts):
     "k_proj and v_proj are 256 rows: TP 4 gives 64 a rank, half a scale block; named before anything is read."
     enc = Encoder(block_tiny(3), fake_group(0, 4))
-    from qwen3vl_l50_nbdev.loading import load_checkpoint
+    from qwen3vl_l50_nbdev.weights.loading import load_checkpoint
     with pytest.raises(ValueError, match=r"TP 4 would cut .*k_proj.weight: 256 rows / TP 4 = 64 a rank"):
         load_checkpoint(enc, ckpts[1], progress=False)
 
@@ -167,13 +167,13 @@ def test_bad_scales_refused_by_block_layers(ckpts, tmp_path, what):
 @pytest.fixture
 def staged(monkeypatch):
     "Block-FP8 weights of bf16 layers staged as on a GPU, here on the CPU, one tensor a batch."
-    from qwen3vl_l50_nbdev import loading
+    from qwen3vl_l50_nbdev.weights import loading
     monkeypatch.setattr(loading, "STAGE_ON", ("cuda", "cpu"))
     monkeypatch.setattr(loading, "STAGE_BYTES", 1)
 
 def test_staged_load_equals_the_slice_reads(ckpts, staged, monkeypatch):
     "Streamed whole onto the layer's device, then dequantized there: every parameter bit for bit, every byte counted."
-    from qwen3vl_l50_nbdev import loading
+    from qwen3vl_l50_nbdev.weights import loading
     calls, stream = [], loading._stream
     monkeypatch.setattr(loading, "_stream", lambda parts, *a, **kw: calls.append(len(parts)) or stream(parts, *a, **kw))
     a = Encoder.from_pretrained(ckpts[1], 3, progress=False)
@@ -222,7 +222,7 @@ def real_vocab_fp8(tmp_path_factory):
     "A tiny block-FP8 checkpoint with Qwen's vocabulary (real prompts tokenize), fresh weights, and a prompts file."
     from PIL import Image
     from qwen3vl_l50_nbdev.cli import main
-    from qwen3vl_l50_nbdev.inputs import sample_photo
+    from qwen3vl_l50_nbdev.inputs.processor import sample_photo
     d = tmp_path_factory.mktemp("fp8vocab")
     seed = int(torch.randint(1 << 30, (), generator=torch.Generator().manual_seed(torch.seed())))
     assert main(["make-tiny", str(d / "m"), "--fp8-blocks", "--real-vocab", "--text-layers", "3", "--seed",
@@ -237,9 +237,9 @@ def real_vocab_fp8(tmp_path_factory):
 def test_validate_block_fp8_checkpoint(real_vocab_fp8, tmp_path, capsys):
     ("`validate` on a block-FP8 checkpoint (CPU: dequantized): its streamed reference is transformers' own FP8 load, "
      "exact mode HF bf16's bits at every layer, fast within its bound, the verdict PASS and the report saying FP8.")
-    from qwen3vl_l50_nbdev import validate as V, validate_report as R
+    from qwen3vl_l50_nbdev.check import validate as V, validate_report as R
     from qwen3vl_l50_nbdev.cli import main, parser
-    from qwen3vl_l50_nbdev.hf import hf_reference
+    from qwen3vl_l50_nbdev.check.hf import hf_reference
     model, prompts = real_vocab_fp8
     out = tmp_path / "r"
     a = parser().parse_args(["validate", "--model", str(model), "--prompts", str(prompts), "--out", str(out),
@@ -268,8 +268,8 @@ def test_validate_block_fp8_checkpoint(real_vocab_fp8, tmp_path, capsys):
 def _block_encoder(path, group=None, cfg=CFG):
     ("An encoder holding block-FP8 layers on the CPU, built as `from_pretrained` builds one on a Hopper GPU (its "
      "projections on meta, then FP8 or bf16 where they run): their GEMMs emulated in fp32.")
-    from qwen3vl_l50_nbdev.fp8_blocks import block_fp8_model_
-    from qwen3vl_l50_nbdev.loading import check_checkpoint, load_checkpoint
+    from qwen3vl_l50_nbdev.quant.blocks import block_fp8_model_
+    from qwen3vl_l50_nbdev.weights.loading import check_checkpoint, load_checkpoint
     with projections_on_meta(): enc = Encoder(cfg, group)
     block_fp8_model_(enc.text, (128, 128), {k for k, e in check_checkpoint(path, enc).items() if e.scale}, device="cpu")
     load_checkpoint(enc, path, progress=False)
@@ -277,7 +277,7 @@ def _block_encoder(path, group=None, cfg=CFG):
 
 def test_block_layers_built_without_bf16_projections(ckpts, tmp_path, inputs):
     "No bf16 copy of a projection is ever made; the ones a checkpoint keeps bf16 are built on the device and loaded."
-    from qwen3vl_l50_nbdev.fp8_blocks import block_fp8_model_
+    from qwen3vl_l50_nbdev.quant.blocks import block_fp8_model_
     with projections_on_meta(): enc = Encoder(CFG)
     projections = [m for m in enc.text.modules() if isinstance(m, (ColumnParallelLinear, RowParallelLinear))]
     assert len(projections) == 4 * 3 and all(m.weight.is_meta for m in projections)   # 4 a layer, 3 layers
@@ -311,7 +311,7 @@ def test_offload_with_block_layers(ckpts, inputs):
 
 def test_unshard_block_layers_tp2(ckpts):
     "Two ranks' block-FP8 layers put back together: the checkpoint's FP8 bytes and scales, by its names."
-    from qwen3vl_l50_nbdev.loading import unshard
+    from qwen3vl_l50_nbdev.weights.loading import unshard
     encs = [_block_encoder(ckpts[1], fake_group(r, 2)) for r in range(2)]
     full, sd = unshard(encs), load_file(ckpts[1] / "model.safetensors")
     fp8 = [k for k, t in full.items() if t.dtype == FP8]
@@ -328,8 +328,8 @@ def test_encode_dataset_block_fp8_checkpoint(real_vocab_fp8, tmp_path):
      "same checkpoint in exact mode, and the provenance naming the checkpoint's fingerprint.")
     from qwen3vl_l50_nbdev.cli import main
     from qwen3vl_l50_nbdev.dataset import load_embeddings
-    from qwen3vl_l50_nbdev.inputs import Processor
-    from qwen3vl_l50_nbdev.prompts import read_prompts, process_prompts
+    from qwen3vl_l50_nbdev.inputs.processor import Processor
+    from qwen3vl_l50_nbdev.inputs.prompts import read_prompts, process_prompts
     ckpt, prompts = real_vocab_fp8
     out = tmp_path / "emb"
     assert main(["encode-dataset", "--model", str(ckpt), "--prompts", str(prompts), "--out", str(out), "--layer", "3",

@@ -10,10 +10,12 @@ from pathlib import Path
 import pytest
 
 PKG = Path(__file__).resolve().parents[1] / "qwen3vl_l50_nbdev"
-# the core, low to high: a module imports only modules to its left (settings and files import nothing of ours)
-ORDER = ("settings files config metrics provenance dist tp rope vision deepstack text tiny fp8 fp8_kernel fp8_blocks "
-         "loading fast_layers overlap fast offload encoder tokenizer inputs prompts contract hf validate_report "
-         "validate dataset cli").split()
+# the house, low to high: a room is a top-level module or a wing (a subpackage, counted as one room); a room imports
+# only rooms to its left. settings, files, metrics, provenance and dist import nothing of ours.
+ROOMS = ("settings files metrics provenance dist config tiny model quant runners fast weights inputs encoder check "
+         "dataset cli").split()
+FLOORS = 9          # the longest chain of rooms importing rooms
+LINES = 500         # a module past this is two topics
 TEST_ONLY = "testing"   # imports anything; nothing in the core imports it
 HEAVY = ("transformers", "pandas", "matplotlib")
 
@@ -22,10 +24,17 @@ def _name(p: Path) -> str:
     return ".".join(p.relative_to(PKG).with_suffix("").parts).removesuffix(".__init__")
 
 
-def imports(p: Path) -> set[str]:
-    "The package's modules that `p` imports anywhere (top level or inside a function), from its syntax tree."
-    me, found = _name(p).split("."), set()
-    for n in ast.walk(ast.parse(p.read_text())):
+def _top(tree: ast.Module) -> list[ast.stmt]:
+    "The statements run when the module is imported: its body and the bodies of its top-level `try`s."
+    return tree.body + [n for t in tree.body if isinstance(t, ast.Try) for n in t.body]
+
+
+def imports(p: Path, top: bool = False) -> set[str]:
+    ("The package's modules that `p` imports anywhere (top level or inside a function), from its syntax tree; `top`: "
+     "only those imported when `p` is.")
+    me, found = list(p.relative_to(PKG).with_suffix("").parts), set()   # a package's __init__ sits inside it
+    tree = ast.parse(p.read_text())
+    for n in (_top(tree) if top else ast.walk(tree)):
         if isinstance(n, ast.ImportFrom):
             base = me[:len(me) - n.level] if n.level else []
             mod = ".".join(base + ([n.module] if n.module else [])) if n.level else (n.module or "")
@@ -82,16 +91,57 @@ def test_no_import_circle():
     assert cycles(g) == [], f"import circles: {cycles(g)}"
 
 
+def room(m: str) -> str:
+    "The room a module lives in: its wing (`model.text` -> `model`) or itself."
+    return m.split(".")[0]
+
+
+def rooms(g: dict[str, set[str]]) -> dict[str, set[str]]:
+    "Room -> the other rooms its modules import (the harness and the test module left out)."
+    out = {}
+    for m, deps in g.items():
+        r = room(m)
+        if r in ("analysis", "__init__", TEST_ONLY): continue
+        out.setdefault(r, set()).update(room(d) for d in deps if room(d) != r)
+    return out
+
+
+def floors(g: dict[str, set[str]]) -> dict[str, int]:
+    "Each room's floor: 1 + the highest floor it imports (the room graph has no circle, checked before)."
+    memo = {}
+    def f(r): 
+        if r not in memo: memo[r] = 1 + max((f(d) for d in g[r] if d in g), default=0)
+        return memo[r]
+    return {r: f(r) for r in g}
+
+
+def test_floors_counted():
+    "The floor count sees a chain (the test can fail)."
+    assert floors({"a": set(), "b": {"a"}, "c": {"b", "a"}}) == {"a": 1, "b": 2, "c": 3}
+    assert room("model.text") == "model" and room("config") == "config"
+
+
 def test_stack_order():
-    "Every core module imports only modules below it; the core never imports the harness, the CLI or the test module."
-    g = graph()
-    core = [m for m in g if "." not in m and m not in ("analysis", "__init__")]
-    if lost := sorted(set(core) - set(ORDER) - {TEST_ONLY}):
-        pytest.fail(f"{lost}: not in the stack; place each in ORDER (tests/test_layout.py) between what it imports "
+    ("Every room imports only rooms below it: no circle between wings, no upward arrow, at most FLOORS floors; the "
+     "core never imports the harness, the CLI or the test module.")
+    g = rooms(graph())
+    if lost := sorted(set(g) - set(ROOMS)):
+        pytest.fail(f"{lost}: not in the house; place each in ROOMS (tests/test_layout.py) between what it imports "
                     "and what imports it")
-    up = [f"{m} -> {d}" for m in core if m != TEST_ONLY for d in g[m]
-          if d.startswith("analysis") or d == TEST_ONLY or ORDER.index(d) > ORDER.index(m)]
-    assert up == [], f"imports of a higher module: {up}"
+    up = [f"{r} -> {d}" for r in g for d in g[r]
+          if d in ("analysis", TEST_ONLY) or d not in ROOMS or ROOMS.index(d) > ROOMS.index(r)]
+    assert up == [], f"imports of a higher room: {up}"
+    assert cycles(g) == [], f"circles between rooms: {cycles(g)}"
+    fl = floors(g)
+    print({r: fl[r] for r in ROOMS if r in fl})
+    assert max(fl.values()) <= FLOORS, f"{max(fl.values())} floors (at most {FLOORS}): {fl}"
+
+
+def test_module_size():
+    "No module of the package over LINES lines (the generated index left out)."
+    big = {_name(p): n for p in PKG.rglob("*.py") if p.name != "_modidx.py"
+           if (n := len(p.read_text().splitlines())) > LINES}
+    assert big == {}, f"modules over {LINES} lines, each two topics: {big}"
 
 
 def test_harness_apart():
@@ -115,7 +165,12 @@ def test_encoder_imports_nothing_heavy():
     mods = _modules("import qwen3vl_l50_nbdev.encoder", full=True)
     top = {m.split(".")[0] for m in mods}
     assert "torch" in top and not top & set(HEAVY), sorted(top & set(HEAVY))
-    assert "torch._dynamo" not in mods and "qwen3vl_l50_nbdev.fast_layers" not in mods
+    assert "torch._dynamo" not in mods and not _fast(mods), _fast(mods)
+
+
+def _fast(mods: set[str]) -> list[str]:
+    "Fast mode's modules among `mods`: exact mode, which must give HF's bits, depends on none of them."
+    return sorted(m for m in mods if m == "qwen3vl_l50_nbdev.fast" or m.startswith("qwen3vl_l50_nbdev.fast."))
 
 
 def test_cli_help_imports_no_torch():
@@ -145,23 +200,22 @@ def test_encode_imports_no_transformers(tmp_path):
     assert (tmp_path / "h.safetensors").exists() and "torch" in mods and "safetensors" in mods
     assert not mods & set(HEAVY), sorted(mods & set(HEAVY))
     assert "torch._dynamo" not in full, "exact mode's encode loaded the compiler"
+    assert not _fast(full), f"exact mode's encode imported fast mode: {_fast(full)}"
     del torch
 
 
 
-def test_triton_only_in_fp8_kernel():
-    ("Importing Triton and registering a Triton op cost a fresh process seconds: only `fp8_kernel` imports Triton at "
-     "its top level, and no module imports `fp8_kernel` at its top level (block FP8 imports it on its first CUDA "
+def test_triton_only_in_the_kernel():
+    ("Importing Triton and registering a Triton op cost a fresh process seconds: only `quant.kernel` imports Triton "
+     "at its top level, and no module imports `quant.kernel` at its top level (block FP8 imports it on its first CUDA "
      "call).")
     bad = []
     for p in PKG.rglob("*.py"):
-        body = ast.parse(p.read_text()).body
-        top = [n for n in body if isinstance(n, (ast.Import, ast.ImportFrom))]
-        top += [n for t in body if isinstance(t, ast.Try) for n in t.body
-                if isinstance(n, (ast.Import, ast.ImportFrom))]
-        names = {a.name for n in top for a in n.names} | {n.module or "" for n in top if isinstance(n, ast.ImportFrom)}
-        if any(x.split(".")[0] == "triton" for x in names) and _name(p) != "fp8_kernel": bad.append(f"{p.name}: triton")
-        if any(x.endswith("fp8_kernel") for x in names): bad.append(f"{p.name}: fp8_kernel")
+        names = {a.name for n in _top(ast.parse(p.read_text())) if isinstance(n, (ast.Import, ast.ImportFrom))
+                 for a in n.names} | {n.module or "" for n in _top(ast.parse(p.read_text()))
+                                       if isinstance(n, ast.ImportFrom)}
+        if any(x.split(".")[0] == "triton" for x in names) and _name(p) != "quant.kernel": bad.append(f"{p}: triton")
+        if "quant.kernel" in imports(p, top=True): bad.append(f"{p}: quant.kernel")
     assert bad == [], bad
 
 
@@ -169,9 +223,9 @@ def test_encode_prompt_with_tokenizer_files_imports_no_transformers(tmp_path):
     ("A real-format checkpoint ships tokenizer.json and a chat template: exact `encode --prompt` reads both without "
      "importing transformers (seconds in a fresh process).")
     from qwen3vl_l50_nbdev.config import tiny
-    from qwen3vl_l50_nbdev.inputs import with_qwen_vocab
+    from qwen3vl_l50_nbdev.inputs.processor import with_qwen_vocab
     from qwen3vl_l50_nbdev.tiny import make_tiny_checkpoint
-    from qwen3vl_l50_nbdev.tokenizer import byte_tokenizer
+    from qwen3vl_l50_nbdev.inputs.tokenizer import byte_tokenizer
     ckpt = make_tiny_checkpoint(tmp_path / "m", with_qwen_vocab(tiny(selected_layer=2)))
     byte_tokenizer().to_transformers().save_pretrained(ckpt)
     (ckpt / "chat_template.jinja").write_text(
@@ -186,7 +240,7 @@ def test_encode_prompt_with_tokenizer_files_imports_no_transformers(tmp_path):
     # the tokenizer is started before torch is imported, and the prompt takes that one
     argv = ["encode", "--model", str(ckpt), "--layer", "2", "--prompt", "a harbour at dawn", "--out",
             str(tmp_path / "h2.safetensors")]
-    _modules("import sys\nimport qwen3vl_l50_nbdev.tokenizer as t\nseen, pre = [], t.prefetch\n"
+    _modules("import sys\nimport qwen3vl_l50_nbdev.inputs.tokenizer as t\nseen, pre = [], t.prefetch\n"
              "def prefetch(path): seen.append('torch' in sys.modules); pre(path)\nt.prefetch = prefetch\n"
              f"from qwen3vl_l50_nbdev.cli import main\nassert main({argv!r}) == 0\n"
              "assert seen == [False] and not t._PREFETCHED, (seen, t._PREFETCHED)")

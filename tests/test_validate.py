@@ -10,11 +10,11 @@ import pandas as pd
 import pytest
 
 from qwen3vl_l50_nbdev.cli import main, parser
-from qwen3vl_l50_nbdev import validate as V
-from qwen3vl_l50_nbdev import validate_report as R
-from qwen3vl_l50_nbdev.contract import Variant
-from qwen3vl_l50_nbdev.hf import Checkpoint
-from qwen3vl_l50_nbdev.inputs import sample_photo
+from qwen3vl_l50_nbdev.check import validate as V
+from qwen3vl_l50_nbdev.check import report as R
+from qwen3vl_l50_nbdev.check.contract import Variant
+from qwen3vl_l50_nbdev.check.hf import Checkpoint
+from qwen3vl_l50_nbdev.inputs.processor import sample_photo
 
 ENV = os.environ | {"OMP_NUM_THREADS": "1"}
 CLI = [sys.executable, "-m", "qwen3vl_l50_nbdev.cli"]

@@ -14,7 +14,7 @@ import torch
 import torch.distributed as dist
 from ..config import qwen3vl_32b
 from ..dist import init_world
-from ..tp import REDUCE_MODES
+from ..model.tp import REDUCE_MODES
 from .weights import (QUANTS, Massive, massive_channels, make_prompts,
                                                  small_config)
 from .sweep import sweep
@@ -119,7 +119,7 @@ COMMANDS = {   # command: (module of the harness, its entry point, what it measu
 def video_check(argv=None) -> int:
     ("`python -m qwen3vl_l50_nbdev.analysis video-check [--out FILE] [--seed N]`: exit 0 when "
      "equal, 1 when not.")
-    from qwen3vl_l50_nbdev.inputs import check_video_against_hf
+    from qwen3vl_l50_nbdev.inputs.processor import check_video_against_hf
     p = argparse.ArgumentParser(prog="python -m qwen3vl_l50_nbdev.analysis video-check",
                                 description=video_check.__doc__)
     # the old spelling's flag

@@ -11,8 +11,8 @@ import json
 import torch
 import pandas as pd
 from ..config import qwen3vl_32b
-from ..text import TextModel
-from ..fp8 import quantize_model_, check_fp8_modes
+from ..model.text import TextModel
+from ..quant.fp8 import quantize_model_, check_fp8_modes
 from ..metrics import diff_row
 from .weights import random_weights_
 from .timing import cuda_ms

@@ -11,9 +11,9 @@ import copy
 import torch
 from ..config import EncoderConfig, tiny
 from ..encoder import Encoder
-from ..loading import load_weights
-from ..fast import FastConfig, apply_fast
-from ..hf import hf_forward
+from ..weights.loading import load_weights
+from ..fast.apply import FastConfig, apply_fast
+from ..check.hf import hf_forward
 
 # %% ../../nbs/analysis/00e_cases.ipynb #a99404fc
 def hf_model(cfg, device, dtype=torch.bfloat16) -> torch.nn.Module:

@@ -19,11 +19,11 @@ from safetensors import safe_open
 from ..config import EncoderConfig, qwen3vl_32b, tiny
 from ..dataset import (Item, input_hash, plan_batches, encode_batches,
                                        check_shards)
-from ..fp8 import quantize_model_
-from ..fast import apply_fast, warmup
+from ..quant.fp8 import quantize_model_
+from ..fast.apply import apply_fast, warmup
 from ..metrics import diff_row
 from ..tiny import synthetic_inputs
-from ..hf import hf_forward
+from ..check.hf import hf_forward
 from .cases import build_pair, fast_twin, eager_unless, text_case
 from .speed import gemm_peak, decoder_flops
 from .report import provenance, data_dir, write_csv

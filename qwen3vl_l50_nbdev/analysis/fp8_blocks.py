@@ -23,15 +23,15 @@ import pandas as pd
 from safetensors.torch import save_file
 from ..config import EncoderConfig, qwen3vl_32b
 from ..encoder import Encoder
-from ..fast import FastConfig, MODES
-from ..fp8 import quantize_weight, quantize_act, scaled_mm, fp8_linear
-from ..fp8_blocks import (BlockFp8, quantize_tensors, block_tiny, block_kernel,
+from ..fast.apply import FastConfig, MODES
+from ..quant.fp8 import quantize_weight, quantize_act, scaled_mm, fp8_linear
+from ..quant.blocks import (BlockFp8, quantize_tensors, block_tiny, block_kernel,
                                           quantize_blocks, act_quant_kernel, quantize_act_blocks,
                                           block_mm, block_scaled_mm)
 from ..metrics import diff_row, layer_states
 from ..provenance import provenance
 from ..tiny import synthetic_inputs
-from ..hf import hf_layer_states
+from ..check.hf import hf_layer_states
 from ..testing import hf_shapes
 from .weights import _full_random
 from .timing import cuda_ms, wall_ms, sync, free_memory

@@ -48,7 +48,7 @@ print(json.dumps(dict(seconds=a.elapsed_time(z) / 3e3, bytes=n)))
 # %% ../../nbs/analysis/08a_load_bench.ipynb #b8a1000c
 _FLOOR_TOUCH = """
 import json, mmap, sys, time, torch
-from qwen3vl_l50_nbdev.offload import _touch
+from qwen3vl_l50_nbdev.weights.offload import _touch
 n, threads = int(sys.argv[1]), int(sys.argv[2])
 m = mmap.mmap(-1, n, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
 if hasattr(mmap, "MADV_HUGEPAGE"): m.madvise(mmap.MADV_HUGEPAGE)
@@ -78,7 +78,7 @@ import torch, time, json, sys
 from qwen3vl_l50_nbdev.config import EncoderConfig
 from qwen3vl_l50_nbdev.dist import Group
 from qwen3vl_l50_nbdev.encoder import Encoder
-import qwen3vl_l50_nbdev.loading as loading
+import qwen3vl_l50_nbdev.weights.loading as loading
 tp, loading.WHOLE_ROWS, loading.READERS = int(sys.argv[3]), sys.argv[4] == "whole", int(sys.argv[5])
 torch.empty(1, device="cuda")
 enc = Encoder(EncoderConfig.from_hf(sys.argv[1], int(sys.argv[2])),
@@ -110,8 +110,8 @@ from pathlib import Path
 from safetensors.torch import load_file
 from qwen3vl_l50_nbdev.config import EncoderConfig, tiny
 from qwen3vl_l50_nbdev.encoder import Encoder
-from qwen3vl_l50_nbdev.fp8_blocks import block_tiny, quantize_checkpoint
-from qwen3vl_l50_nbdev.loading import load_checkpoint, unshard
+from qwen3vl_l50_nbdev.quant.blocks import block_tiny, quantize_checkpoint
+from qwen3vl_l50_nbdev.weights.loading import load_checkpoint, unshard
 from qwen3vl_l50_nbdev.tiny import make_tiny_checkpoint
 from qwen3vl_l50_nbdev.testing import fake_group, broken_checkpoint, rewrite_tensors
 d, done = Path(tempfile.mkdtemp()), []
@@ -126,7 +126,7 @@ for r in (0, 1):
             for dv in ("cuda", "cpu"))
     load_checkpoint(a, ck, False); load_checkpoint(b, ck, False); assert same(a, b)
 done.append("tp2 ranks cuda = cpu")
-import qwen3vl_l50_nbdev.offload as offload
+import qwen3vl_l50_nbdev.weights.offload as offload
 huge = offload.HUGE
 # the tiny layers in PyTorch's pinned memory, then on `pinned`'s own mapping (HUGE lowered: every
 # layer), registered beside the reads
@@ -199,8 +199,8 @@ def bench_load(ckpt, layers: int, old: str | None = None, here: str | None = Non
      "package at `here`, default: this one), the package at `old`, TP-2 rank 0, online FP8, "
      "offload, the block-FP8 form (`ckpt`-fp8), transformers; a row each with GB/s (`only`: "
      "these cases).")
-    from qwen3vl_l50_nbdev.loading import SLOTS, SLOT_BYTES, READERS
-    from qwen3vl_l50_nbdev.offload import TOUCH
+    from qwen3vl_l50_nbdev.weights.loading import SLOTS, SLOT_BYTES, READERS
+    from qwen3vl_l50_nbdev.weights.offload import TOUCH
     files = sorted(str(f) for f in Path(ckpt).glob("*.safetensors"))
     run_case(_FLOOR_READ, [8, *files])   # the page cache warm
     here = here or str(Path(__file__).resolve().parents[2])
@@ -304,7 +304,7 @@ def command(argv=None) -> int:
     fp8 = Path(f"{a.dir}-fp8")
     if not (fp8 / "config.json").exists() and (not a.cases or "ours: block FP8" in a.cases):
         t = time.perf_counter()
-        run_case("import sys; from qwen3vl_l50_nbdev.fp8_blocks import quantize_checkpoint; "
+        run_case("import sys; from qwen3vl_l50_nbdev.quant.blocks import quantize_checkpoint; "
                  "quantize_checkpoint(sys.argv[1], sys.argv[2], device='cuda'); print('{}')",
                  [a.dir, fp8])
         print(f"block-FP8 form written in {time.perf_counter() - t:.0f} s", flush=True)

@@ -17,10 +17,10 @@ import pandas as pd
 from ..config import EncoderConfig, qwen3vl_32b, tiny
 from ..encoder import Encoder
 from ..metrics import diff_row
-from ..fp8 import quantize_model_
-from ..fast import apply_fast, warmup
+from ..quant.fp8 import quantize_model_
+from ..fast.apply import apply_fast, warmup
 from ..tiny import synthetic_inputs
-from ..hf import hf_forward
+from ..check.hf import hf_forward
 from .timing import (wall_ms, first_call, free_memory, cuda_ms,
                                                 graph_us)
 from .report import provenance, data_dir, write_csv

@@ -19,21 +19,21 @@ import pandas as pd
 from .offload_bench import h2d_gbps
 from .load_bench import read_gbps
 from .report import provenance, write_csv
-from ..fast import CACHE_ENV
+from ..fast.apply import CACHE_ENV
 
 # %% ../../nbs/analysis/09a_startup_bench.ipynb #c580d0cb
 OURS = r"""
 import json, sys, time; T = [("start", time.time())]; a = json.loads(sys.argv[1])
-from qwen3vl_l50_nbdev.tokenizer import prefetch
+from qwen3vl_l50_nbdev.inputs.tokenizer import prefetch
 prefetch(a["model"])   # as the CLI does: the tokenizer built while torch is imported
 import torch; T.append(("import torch", time.time()))
 from qwen3vl_l50_nbdev.encoder import Encoder
-from qwen3vl_l50_nbdev.inputs import Processor
+from qwen3vl_l50_nbdev.inputs.processor import Processor
 T.append(("import package", time.time()))
 x = Processor.from_pretrained(a["model"])(a["prompt"]); T.append(("tokenizer", time.time()))
 if a["device"].startswith("cuda"):
     torch.zeros(1, device=a["device"]); T.append(("cuda init", time.time()))
-from qwen3vl_l50_nbdev.fast import FastConfig
+from qwen3vl_l50_nbdev.fast.apply import FastConfig
 # as encode --prompt: fast mode warmed up for a text prompt alone
 enc = Encoder.from_pretrained(a["model"], selected_layer=a["layer"], mode=a["mode"],
                               device=a["device"], progress=False, fast=FastConfig(warmup="text"))
@@ -49,7 +49,7 @@ print("STAMPS " + json.dumps(dict(stamps=T, tokens=len(x["input_ids"]), stats=st
 CALLS = OURS + r"""
 import gc
 from torch._dynamo.utils import counters
-from qwen3vl_l50_nbdev.fast import no_graphs
+from qwen3vl_l50_nbdev.fast.apply import no_graphs
 ids = min(1000, enc.cfg.text_id_limit)
 collecting = []   # seconds in garbage collections, per collection
 gc.callbacks.append(lambda phase, info: collecting.append(

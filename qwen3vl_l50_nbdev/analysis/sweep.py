@@ -14,11 +14,11 @@ import torch.distributed as dist
 import pandas as pd
 from ..config import EncoderConfig
 from ..dist import Group, encoder_group, spawn
-from ..tp import REDUCE_MODES
+from ..model.tp import REDUCE_MODES
 from .weights import (Massive, massive_channels, build, set_reduce_,
                                                 collect, layer_errors, peak_ratio, small_config,
                                                 make_prompts)
-from ..fp8 import FP8_LAYERS, LAYER_PLAN
+from ..quant.fp8 import FP8_LAYERS, LAYER_PLAN
 from ..metrics import no_tf32
 
 # %% ../../nbs/analysis/00a_sweep.ipynb #5b2c42ce

