@@ -17,8 +17,9 @@ from safetensors.torch import load_file, save_file
 from .config import EncoderConfig
 from .dist import Group, encoder_group
 from .metrics import diff_row, checksum
-from .model.tp import (REDUCE_MODES, shard, VocabParallelEmbedding, ColumnParallelLinear,
-                                  RowParallelLinear)
+from .settings import REDUCE_MODES
+from .model.tp import (shard, VocabParallelEmbedding, ColumnParallelLinear,
+                                        RowParallelLinear)
 
 # %% ../nbs/13_testing.ipynb #4527bc1b
 def fake_group(rank: int, tp: int) -> Group:

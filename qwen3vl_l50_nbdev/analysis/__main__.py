@@ -14,7 +14,7 @@ import torch
 import torch.distributed as dist
 from ..config import qwen3vl_32b
 from ..dist import init_world
-from ..model.tp import REDUCE_MODES
+from ..settings import REDUCE_MODES
 from .weights import (QUANTS, Massive, massive_channels, make_prompts,
                                                  small_config)
 from .sweep import sweep

@@ -12,7 +12,8 @@ import torch
 import pandas as pd
 from ..config import qwen3vl_32b
 from ..model.text import TextModel
-from ..quant.fp8 import quantize_model_, check_fp8_modes
+from ..quant.fp8 import quantize_model_
+from ..settings import check_option
 from ..metrics import diff_row
 from .weights import random_weights_
 from .timing import cuda_ms
@@ -37,7 +38,7 @@ def bench_fp8(seq: int = 2048, layers: int = 50, granularity: str = "channel", a
               seed: int = 0) -> dict:
     ("32B-dimension text decoder cut at `layers`, random weights on `device`: weight GiB, ms per "
      "forward and errors, bf16 vs FP8.")
-    check_fp8_modes(granularity, act)
+    check_option("fp8_granularity", granularity), check_option("fp8_act", act)
     if not torch.cuda.is_available():
         raise RuntimeError("bench_fp8 needs a CUDA device: it measures GPU memory and time")
     dev, gib = torch.device(device), 2 ** -30

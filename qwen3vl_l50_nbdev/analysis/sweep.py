@@ -14,7 +14,7 @@ import torch.distributed as dist
 import pandas as pd
 from ..config import EncoderConfig
 from ..dist import Group, encoder_group, spawn
-from ..model.tp import REDUCE_MODES
+from ..settings import REDUCE_MODES
 from .weights import (Massive, massive_channels, build, set_reduce_,
                                                 collect, layer_errors, peak_ratio, small_config,
                                                 make_prompts)

@@ -16,7 +16,7 @@ import torch.distributed as dist
 import pandas as pd
 from ..config import EncoderConfig
 from ..dist import Group, encoder_group
-from ..model.tp import REDUCE_MODES
+from ..settings import REDUCE_MODES
 from ..model.text import TP_PLAN
 from ..encoder import Encoder, HostCopy
 from ..fast.apply import MODES, FastConfig, apply_fast

@@ -7,7 +7,7 @@ __all__ = ['KEYS', 'tp_table', 'choice_label', 'length_tables', 'comm_table', 'c
 
 # %% ../../nbs/analysis/05b_tp_report.ipynb #f0f79e03
 import pandas as pd
-from ..model.tp import REDUCE_MODES
+from ..settings import REDUCE_MODES
 from .tp_bench import Variant, BASE, COMM_MODES, FP8_QUANTS, rows_of
 
 # %% ../../nbs/analysis/05b_tp_report.ipynb #0ef802ba

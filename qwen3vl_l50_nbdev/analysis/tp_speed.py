@@ -14,7 +14,7 @@ import torch
 import torch.distributed as dist
 from ..config import qwen3vl_32b, tiny
 from ..dist import encoder_group, init_world
-from ..model.tp import REDUCE_MODES
+from ..settings import REDUCE_MODES
 from .report import provenance, data_dir, write_csv
 from .tp_bench import bench
 from .tp_report import tp_table

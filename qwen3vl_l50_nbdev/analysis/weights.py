@@ -15,7 +15,8 @@ import torch.nn as nn
 import pandas as pd
 from ..config import EncoderConfig, tiny
 from ..dist import Group
-from ..model.tp import REDUCE_MODES, RowParallelLinear
+from ..model.tp import RowParallelLinear
+from ..settings import REDUCE_MODES, check_option
 from ..model.text import DecoderLayer
 from ..weights.loading import param_splits, full_shape, fill_
 from ..encoder import Encoder
@@ -190,8 +191,7 @@ def build(cfg: EncoderConfig, group: Group | None = None, dtype=torch.bfloat16, 
 def set_reduce_(model: nn.Module, reduce: str) -> nn.Module:
     ("Set the reduction precision of every row-parallel linear in `model` (bf16 or FP8) to "
      "`reduce`, in place.")
-    if reduce not in REDUCE_MODES: raise ValueError(f"reduce={reduce!r}: choose one of "
-                                                    f"{REDUCE_MODES}")
+    check_option("reduce", reduce)
     for m in model.modules():
         if isinstance(m, (RowParallelLinear, Fp8RowParallelLinear)): m.reduce = reduce
     return model
