@@ -23,7 +23,8 @@ import pandas as pd
 from safetensors.torch import save_file
 from ..config import EncoderConfig, qwen3vl_32b
 from ..encoder import Encoder
-from ..fast.apply import FastConfig, MODES
+from ..fast.apply import FastConfig
+from ..settings import MODES
 from ..quant.fp8 import quantize_weight, quantize_act, scaled_mm, fp8_linear
 from ..quant.blocks import (BlockFp8, quantize_tensors, block_tiny, block_kernel,
                                           quantize_blocks, act_quant_kernel, quantize_act_blocks,

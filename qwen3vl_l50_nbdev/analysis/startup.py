@@ -49,7 +49,7 @@ print("STAMPS " + json.dumps(dict(stamps=T, tokens=len(x["input_ids"]), stats=st
 CALLS = OURS + r"""
 import gc
 from torch._dynamo.utils import counters
-from qwen3vl_l50_nbdev.fast.apply import no_graphs
+from qwen3vl_l50_nbdev.runners import no_graphs
 ids = min(1000, enc.cfg.text_id_limit)
 collecting = []   # seconds in garbage collections, per collection
 gc.callbacks.append(lambda phase, info: collecting.append(

@@ -19,7 +19,8 @@ from ..dist import Group, encoder_group
 from ..settings import REDUCE_MODES
 from ..model.text import TP_PLAN
 from ..encoder import Encoder, HostCopy
-from ..fast.apply import MODES, FastConfig, apply_fast
+from ..settings import MODES
+from ..fast.apply import FastConfig, apply_fast
 from ..quant.fp8 import GRANULARITIES, quantize_model_
 from ..weights.loading import checkpoint_tensors, checkpoint_name
 from ..metrics import diff_row, checksum

@@ -102,7 +102,8 @@ def overlap_check(cfg: EncoderConfig, group: Group, device, tokens: int = 2048,
                                f"{enc.runner.overlap_from}): it needs 2 CUDA ranks with symmetric "
                                "memory")
         on = enc.fast
-        over = lambda e=enc: overlapped(e.text, h, pos, mask, ds, lens, e.runner.stages, e.sums)
+        over = lambda e=enc: overlapped(e.text, h, pos, mask, ds, lens, e.runner.schedule.stages,
+                                        e.sums)
         # "encode": (overlapped, plain), the runner chooses
         cases = {"encode": (lambda e=enc: e.encode(**x),) * 2,
                  "DeepStack, 2 prompts": (over, lambda e=enc: e.text(h, pos, mask, ds, lens))}

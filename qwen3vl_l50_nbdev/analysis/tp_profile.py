@@ -15,7 +15,8 @@ import pandas as pd
 from ..config import EncoderConfig
 from ..dist import Group, encoder_group
 from ..encoder import Encoder
-from ..fast.apply import FastConfig, no_graphs, warmup
+from ..fast.apply import FastConfig, warmup
+from ..runners import no_graphs
 from .timing import free_memory, wall_ms
 from .cases import text_case, build_pair, fast_twin, variant_call
 from .tp_bench import Variant, build_ours, timed

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import NamedTuple
 import torch
 from ..config import EncoderConfig, is_int
-from ..encoder import as_prompt
+from .checks import as_prompt
 from .processor import Processor
 from ..model.rope import rope_index
 

@@ -214,7 +214,7 @@ def embed(self: VisionModel, pixel_values: torch.Tensor, grid_thw) -> tuple:
 def encode(self: VisionModel, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, lens: list[int]
            ) -> tuple[torch.Tensor, list[torch.Tensor]]:
     ("The blocks and mergers on embedded patches `x`: "
-     "only device work (`fast.VisionRunner` captures it).")
+     "only device work (`runners.VisionRunner` captures it).")
     c, deep = self.cfg, []
     for i, blk in enumerate(self.blocks):
         x = blk(x, lens, cos, sin)
