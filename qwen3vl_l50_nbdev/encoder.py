@@ -14,7 +14,8 @@ import torch.nn as nn
 from fastcore.basics import patch
 from .config import EncoderConfig
 from .dist import Group, encoder_group
-from .model.tp import check_reduce, projections_on_meta
+from .settings import Numerics, check_option, dtype_name
+from .model.tp import projections_on_meta
 from .model.vision import VisionModel
 from .model.text import TextModel
 from .model.rope import rope_index
@@ -26,8 +27,8 @@ from .quant.blocks import (checkpoint_format, block_kernel, block_fp8_model_,
 # `Encoder.load_weights` checks, then calls it
 from .weights.loading import load_weights as fill_weights
 from .weights.loading import checkpoint_name
-from .quant.fp8 import quantize_model_, check_fp8_modes
-from .runners import check_mode, no_graphs, exact_runners
+from .quant.fp8 import quantize_model_
+from .runners import no_graphs, exact_runners
 # the input checks, exported here too (`encoder.check_inputs`, `encoder.as_prompt`)
 from .inputs.checks import check_inputs, as_prompt  # noqa: F401
 # fast mode's config names an annotation only: exact mode imports nothing of fast mode
@@ -84,7 +85,7 @@ from .config import is_int
 def _check_placement(offload: str | None, mode: str, ring: int = 2):
     ("`offload`, `mode` and `ring`, each valid, and together possible; else a `ValueError` saying "
      "what to choose.")
-    check_mode(mode); check_offload(offload)
+    check_option("mode", mode); check_offload(offload)
     if not is_int(ring) or ring < 1:
         raise ValueError(f"ring={ring!r}: the number of device buffers of offload='layerwise', a "
                          "whole number >= 1 (2 overlap a copy with compute)")
@@ -149,8 +150,8 @@ class Encoder(nn.Module):
                  fast: "FastConfig | None" = None):
         super().__init__()
         self.cfg, self.group = cfg, group or Group.local()
-        self.dtype, self.mode = dtype, check_mode(mode)
-        self.reduce = check_reduce(reduce)
+        self.dtype, self.mode = dtype, check_option("mode", mode)
+        self.reduce = check_option("reduce", reduce)
         self.device = torch.device(device or "cpu")
         self.cfg.validate(self.group.size)
         self.vision = VisionModel(cfg.vision, dtype, self.device)
@@ -187,8 +188,8 @@ def from_pretrained(cls: Encoder,
                     fast: "FastConfig | None" = None,
                    ) -> Encoder:   # this rank's encoder; outside the group a `NotMember`
     "Load a checkpoint onto the encoder group; fast mode on CUDA is warmed up (`fast.warmup`)."
-    if quant not in (None, "fp8"): raise ValueError(f"quant={quant!r}: choose None or 'fp8'")
-    if quant: check_fp8_modes(fp8_granularity, fp8_act)
+    # the numerics keywords are `settings.Numerics`' fields, checked by making one
+    dtype = Numerics(dtype_name(dtype), reduce, quant, fp8_granularity, fp8_act, mode).torch_dtype
     _check_placement(offload, mode, ring)
     cfg, blocks = EncoderConfig.from_hf(path, selected_layer), checkpoint_format(path)
     if quant and blocks:

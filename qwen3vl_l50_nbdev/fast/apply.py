@@ -23,7 +23,7 @@ from ..model.vision import Block
 from .overlap import STAGES, Overlapped
 from ..tiny import synthetic_inputs
 from ..quant.blocks import BLOCK_LAYERS, act_quant_kernel
-from ..runners import PAD, NO_PLANS, check_mode, exact_runners
+from ..runners import PAD, NO_PLANS, exact_runners
 from ..runners import TextRunner, VisionRunner
 
 # %% ../../nbs/08a_fast.ipynb #6a9a6e15
@@ -197,7 +197,7 @@ def apply_fast(enc, cfg: FastConfig | None):
     # what the fused step left exact: several prompts or frames outside
     if enc.compiled: eager_attention_(enc)
     enc.runner, enc.vision_runner = runners(enc, cfg, stages)
-    enc.fast, enc.mode = cfg, check_mode("exact" if cfg is None else "fast")
+    enc.fast, enc.mode = cfg, "exact" if cfg is None else "fast"
     return enc
 
 # %% ../../nbs/08a_fast.ipynb #d3ff8484
