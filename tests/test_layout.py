@@ -244,3 +244,38 @@ def test_encode_prompt_with_tokenizer_files_imports_no_transformers(tmp_path):
              "def prefetch(path): seen.append('torch' in sys.modules); pre(path)\nt.prefetch = prefetch\n"
              f"from qwen3vl_l50_nbdev.cli import main\nassert main({argv!r}) == 0\n"
              "assert seen == [False] and not t._PREFETCHED, (seen, t._PREFETCHED)")
+
+
+def _rows(text: str, head: str) -> list[list[str]]:
+    "The rows of the README table whose header starts with `head`, as lists of cells."
+    lines = text.splitlines()
+    start = next(i for i, l in enumerate(lines) if l.startswith(f"| {head} |"))
+    rows = []
+    for l in lines[start + 2:]:
+        if not l.startswith("|"): break
+        rows.append([c.strip() for c in l.strip().strip("|").split("|")])
+    return rows
+
+
+def _ticked(cell: str) -> list[str]:
+    return [x.strip("`") for x in cell.split(", ") if x.strip()]
+
+
+def test_readme_map():
+    ("The README's map of the house is the code's: its rooms in ROOMS order, each wing with every module it has, and "
+     "a line for every notebook.")
+    text = (PKG.parent / "README.md").read_text(encoding="utf-8")
+    wings = _rows(text, "room")
+    shown = [r[0].strip("`").removesuffix("/") for r in wings]
+    assert shown == [*ROOMS, TEST_ONLY, "analysis"], f"the README's rooms {shown}, the house's {ROOMS}"
+    for r, (_, mods, what) in zip(shown, wings):
+        if r == "analysis": continue
+        have = sorted(m for m in (_name(p) for p in PKG.rglob("*.py") if not p.name.startswith("_"))
+                      if room(m) == r and m != r)
+        assert sorted(_ticked(mods)) == [m.removeprefix(f"{r}.") for m in have], (r, mods, have)
+        assert what, f"{r}: say what it holds"
+    nbs = sorted(str(p.relative_to(PKG.parent / "nbs").with_suffix("")) for p in (PKG.parent / "nbs").rglob("*.ipynb")
+                 if p.name != "index.ipynb" and ".ipynb_checkpoints" not in p.parts)
+    listed = sorted(r[0].strip("`") for r in _rows(text, "notebook"))
+    assert listed == nbs, f"notebooks missing from the README: {sorted(set(nbs) - set(listed))}; " \
+                          f"listed but gone: {sorted(set(listed) - set(nbs))}"
