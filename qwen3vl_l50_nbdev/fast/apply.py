@@ -28,7 +28,7 @@ from ..model.text import DecoderLayer
 from ..model.vision import Block
 from .overlap import STAGES, overlapped
 from ..tiny import synthetic_inputs
-from ..quant.blocks import BLOCK_LAYERS, act_quant_kernel
+from ..quant.block_layers import BLOCK_LAYERS, act_quant_kernel
 
 # %% ../../nbs/08a_fast.ipynb #538e09b7
 def check_mode(mode: str) -> str:
