@@ -73,7 +73,7 @@ def _load_one(path, cfg) -> dict:
     from safetensors import SafetensorError
     from safetensors.torch import load_file
     from qwen3vl_l50_nbdev.encoder import as_prompt
-    from qwen3vl_l50_nbdev.inputs.processor import check_file
+    from qwen3vl_l50_nbdev.inputs.pixels import check_file
     keys, p = ("input_ids", "pixel_values", "image_grid_thw", "pixel_values_videos",
                "video_grid_thw", "attention_mask", "mm_token_type_ids"), Path(path)
     if p.is_dir(): raise ValueError(f"--inputs {p} is a directory: name a .safetensors file")
@@ -239,7 +239,8 @@ def _demo_inputs(a, cfg, small: bool) -> dict:
     ("The demo's prompt (yours, or the photograph with `DEMO_PROMPT`) through the checkpoint's "
      "`Processor`, shown.")
     from qwen3vl_l50_nbdev.encoder import as_prompt
-    from qwen3vl_l50_nbdev.inputs.processor import Processor, sample_photo, load_image
+    from qwen3vl_l50_nbdev.inputs.processor import Processor
+    from qwen3vl_l50_nbdev.inputs.pixels import sample_photo, load_image
     prompt = DEMO_PROMPT if a.prompt is None else a.prompt
     images = a.image if a.image or a.video or a.prompt is not None else [str(sample_photo())]
     proc = Processor.from_pretrained(a.model, **(dict(min_pixels=16 * 16, max_pixels=64 * 64)

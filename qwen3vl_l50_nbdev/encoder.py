@@ -22,8 +22,9 @@ from .model.rope import rope_index
 from .model.deepstack import placeholder_masks, scatter_visual, merge_deepstack
 from .weights.loading import (load_checkpoint, checkpoint_tensors, _missing_message,
                                        check_checkpoint)
-from .quant.blocks import (checkpoint_format, block_kernel, block_fp8_model_,
-                                          may_block_mm, probe_block_kernel, dequantize_model_)
+from .quant.blocks import checkpoint_format
+from .quant.block_layers import (block_kernel, block_fp8_model_, may_block_mm,
+                                                  probe_block_kernel, dequantize_model_)
 # `Encoder.load_weights` checks, then calls it
 from .weights.loading import load_weights as fill_weights
 from .weights.loading import checkpoint_name

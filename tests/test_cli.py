@@ -13,7 +13,7 @@ from qwen3vl_l50_nbdev.config import EncoderConfig
 from qwen3vl_l50_nbdev.tiny import synthetic_inputs
 from qwen3vl_l50_nbdev.check.hf import hf_reference
 from qwen3vl_l50_nbdev.metrics import diff_row
-from qwen3vl_l50_nbdev.inputs.processor import Processor, sample_photo
+from qwen3vl_l50_nbdev.inputs import Processor, sample_photo
 
 ENV = os.environ | {"OMP_NUM_THREADS": "1"}
 

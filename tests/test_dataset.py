@@ -16,7 +16,7 @@ from safetensors import safe_open
 from qwen3vl_l50_nbdev.cli import main
 from qwen3vl_l50_nbdev.dataset import encode_dataset, load_embeddings, MANIFEST
 from qwen3vl_l50_nbdev.encoder import Encoder
-from qwen3vl_l50_nbdev.inputs.processor import Processor, sample_photo
+from qwen3vl_l50_nbdev.inputs import Processor, sample_photo
 from qwen3vl_l50_nbdev.inputs.prompts import read_prompts, process_prompts
 from qwen3vl_l50_nbdev.settings import Numerics
 

@@ -8,10 +8,10 @@ import torch
 from safetensors.torch import load_file, save_file
 from qwen3vl_l50_nbdev.dist import spawn
 from qwen3vl_l50_nbdev.encoder import Encoder
-from qwen3vl_l50_nbdev.quant.blocks import (FP8, BlockFp8, BlockTensor, block_tiny, block_mm_reference, quantize_blocks,
-                                          scale_name, dequantize_blocks, quantize_checkpoint, quantize_act_blocks,
-                                          BlockFp8ColumnParallelLinear, BlockFp8RowParallelLinear, quantize_act_fused,
-                                          act_quant_kernel)
+from qwen3vl_l50_nbdev.quant.blocks import (FP8, BlockFp8, BlockTensor, block_tiny, quantize_blocks, scale_name,
+                                          dequantize_blocks, quantize_checkpoint)
+from qwen3vl_l50_nbdev.quant.block_layers import (block_mm_reference, quantize_act_blocks, BlockFp8ColumnParallelLinear,
+                                                BlockFp8RowParallelLinear, quantize_act_fused, act_quant_kernel)
 from qwen3vl_l50_nbdev.metrics import diff_row
 from qwen3vl_l50_nbdev.tiny import make_tiny_checkpoint, synthetic_inputs
 from qwen3vl_l50_nbdev.testing import broken_checkpoint, edit_config, fake_group, encode_on_ranks
@@ -222,7 +222,7 @@ def real_vocab_fp8(tmp_path_factory):
     "A tiny block-FP8 checkpoint with Qwen's vocabulary (real prompts tokenize), fresh weights, and a prompts file."
     from PIL import Image
     from qwen3vl_l50_nbdev.cli import main
-    from qwen3vl_l50_nbdev.inputs.processor import sample_photo
+    from qwen3vl_l50_nbdev.inputs.pixels import sample_photo
     d = tmp_path_factory.mktemp("fp8vocab")
     seed = int(torch.randint(1 << 30, (), generator=torch.Generator().manual_seed(torch.seed())))
     assert main(["make-tiny", str(d / "m"), "--fp8-blocks", "--real-vocab", "--text-layers", "3", "--seed",
@@ -237,7 +237,7 @@ def real_vocab_fp8(tmp_path_factory):
 def test_validate_block_fp8_checkpoint(real_vocab_fp8, tmp_path, capsys):
     ("`validate` on a block-FP8 checkpoint (CPU: dequantized): its streamed reference is transformers' own FP8 load, "
      "exact mode HF bf16's bits at every layer, fast within its bound, the verdict PASS and the report saying FP8.")
-    from qwen3vl_l50_nbdev.check import validate as V, validate_report as R
+    from qwen3vl_l50_nbdev.check import validate as V, report as R
     from qwen3vl_l50_nbdev.cli import main, parser
     from qwen3vl_l50_nbdev.check.hf import hf_reference
     model, prompts = real_vocab_fp8
@@ -268,7 +268,7 @@ def test_validate_block_fp8_checkpoint(real_vocab_fp8, tmp_path, capsys):
 def _block_encoder(path, group=None, cfg=CFG):
     ("An encoder holding block-FP8 layers on the CPU, built as `from_pretrained` builds one on a Hopper GPU (its "
      "projections on meta, then FP8 or bf16 where they run): their GEMMs emulated in fp32.")
-    from qwen3vl_l50_nbdev.quant.blocks import block_fp8_model_
+    from qwen3vl_l50_nbdev.quant.block_layers import block_fp8_model_
     from qwen3vl_l50_nbdev.weights.loading import check_checkpoint, load_checkpoint
     with projections_on_meta(): enc = Encoder(cfg, group)
     block_fp8_model_(enc.text, (128, 128), {k for k, e in check_checkpoint(path, enc).items() if e.scale}, device="cpu")
@@ -277,7 +277,7 @@ def _block_encoder(path, group=None, cfg=CFG):
 
 def test_block_layers_built_without_bf16_projections(ckpts, tmp_path, inputs):
     "No bf16 copy of a projection is ever made; the ones a checkpoint keeps bf16 are built on the device and loaded."
-    from qwen3vl_l50_nbdev.quant.blocks import block_fp8_model_
+    from qwen3vl_l50_nbdev.quant.block_layers import block_fp8_model_
     with projections_on_meta(): enc = Encoder(CFG)
     projections = [m for m in enc.text.modules() if isinstance(m, (ColumnParallelLinear, RowParallelLinear))]
     assert len(projections) == 4 * 3 and all(m.weight.is_meta for m in projections)   # 4 a layer, 3 layers

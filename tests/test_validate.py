@@ -14,7 +14,7 @@ from qwen3vl_l50_nbdev.check import validate as V
 from qwen3vl_l50_nbdev.check import report as R
 from qwen3vl_l50_nbdev.check.contract import Variant
 from qwen3vl_l50_nbdev.check.hf import Checkpoint
-from qwen3vl_l50_nbdev.inputs.processor import sample_photo
+from qwen3vl_l50_nbdev.inputs.pixels import sample_photo
 
 ENV = os.environ | {"OMP_NUM_THREADS": "1"}
 CLI = [sys.executable, "-m", "qwen3vl_l50_nbdev.cli"]

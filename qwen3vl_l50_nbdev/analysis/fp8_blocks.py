@@ -26,9 +26,9 @@ from ..encoder import Encoder
 from ..fast.apply import FastConfig
 from ..settings import MODES
 from ..quant.fp8 import quantize_weight, quantize_act, scaled_mm, fp8_linear
-from ..quant.blocks import (BlockFp8, quantize_tensors, block_tiny, block_kernel,
-                                          quantize_blocks, act_quant_kernel, quantize_act_blocks,
-                                          block_mm, block_scaled_mm)
+from ..quant.blocks import BlockFp8, quantize_tensors, block_tiny, quantize_blocks
+from ..quant.block_layers import (block_kernel, act_quant_kernel, block_mm,
+                                                  quantize_act_blocks, block_scaled_mm)
 from ..metrics import diff_row, layer_states
 from ..provenance import provenance
 from ..tiny import synthetic_inputs

@@ -48,7 +48,7 @@ def bench_prompts(d, tokenizer) -> Path:
      "`tokenizer`), matplotlib's photographs, two pictures, a clip made of one, a clip and a "
      "picture.")
     from PIL import Image
-    from qwen3vl_l50_nbdev.inputs.processor import sample_photo
+    from qwen3vl_l50_nbdev.inputs.pixels import sample_photo
     d = Path(d); d.mkdir(parents=True, exist_ok=True)
     hopper = Image.open(sample_photo()); hopper.save(d / "hopper.jpg")
     Image.open(sample_photo().parent / "logo2.png").convert("RGB").save(d / "logo.png")

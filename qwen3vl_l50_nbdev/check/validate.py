@@ -29,7 +29,8 @@ from ..encoder import Encoder
 from ..inputs.processor import Processor
 from ..inputs.prompts import read_prompts, process_prompts
 from ..weights.loading import checkpoint_fingerprint
-from ..quant.blocks import checkpoint_format, block_kernel
+from ..quant.blocks import checkpoint_format
+from ..quant.block_layers import block_kernel
 from .hf import Checkpoint, Reference, reference, peak_gib, reset_peak
 from .contract import Variant
 from .report import HF_BF16, verdicts, write_report, write_report_file

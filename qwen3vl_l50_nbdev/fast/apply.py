@@ -22,7 +22,7 @@ from ..model.text import DecoderLayer
 from ..model.vision import Block
 from .overlap import STAGES, Overlapped
 from ..tiny import synthetic_inputs
-from ..quant.blocks import BLOCK_LAYERS, act_quant_kernel
+from ..quant.block_layers import BLOCK_LAYERS, act_quant_kernel
 from ..runners import PAD, NO_PLANS, exact_runners
 from ..runners import TextRunner, VisionRunner
 

@@ -25,7 +25,7 @@ from ..model.rope import apply_rotary
 from ..model.text import RMSNorm, Attention as TextAttention, MLP, TextModel, attend_each
 from ..model.vision import Attention as VisionAttention, PatchEmbed
 from ..quant.fp8 import Fp8RowParallelLinear
-from ..quant.blocks import BlockFp8RowParallelLinear
+from ..quant.block_layers import BlockFp8RowParallelLinear
 
 # %% ../../nbs/08c_fast_layers.ipynb #022ee13d
 class Fast:

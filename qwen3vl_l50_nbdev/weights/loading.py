@@ -32,9 +32,10 @@ from ..model.tp import STYLES
 from ..dist import Group
 from ..config import is_int
 from ..files import path_exists, read_json
-from ..quant.blocks import (SCALE_DTYPES, BLOCK_LAYERS, BlockTensor, block_format,
-                                          check_scales, check_scale_values, scale_name,
-                                          checkpoint_format, SCALE_MAX)
+from ..quant.blocks import (SCALE_DTYPES, BlockTensor, block_format, check_scales,
+                                          check_scale_values, scale_name, checkpoint_format,
+                                          SCALE_MAX)
+from ..quant.block_layers import BLOCK_LAYERS
 
 # %% ../../nbs/07_loading.ipynb #40148614
 # HF's modules -> ours; below them names are equal
