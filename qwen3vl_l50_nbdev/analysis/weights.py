@@ -17,7 +17,7 @@ from ..config import EncoderConfig, tiny
 from ..dist import Group
 from ..model.tp import REDUCE_MODES, RowParallelLinear
 from ..model.text import DecoderLayer
-from ..weights.loading import param_splits, full_shape, fill_
+from ..weights.names import param_splits, full_shape, fill_
 from ..encoder import Encoder
 from ..tiny import synthetic_inputs
 from ..metrics import diff_row
