@@ -37,7 +37,7 @@ from .config import EncoderConfig
 from .dist import (encoder_group, init_world, gather_objects, is_rank0, agree,
                                     report_once, exit_code)
 from .encoder import Encoder
-from .weights.loading import checkpoint_fingerprint
+from .weights.index import checkpoint_fingerprint
 from .inputs.processor import Processor
 from .inputs.prompts import Prompt, read_prompts, process_prompt
 from .provenance import code_identity, git_commit, provenance

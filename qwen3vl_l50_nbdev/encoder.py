@@ -20,14 +20,14 @@ from .model.vision import VisionModel
 from .model.text import TextModel
 from .model.rope import rope_index
 from .model.deepstack import placeholder_masks, scatter_visual, merge_deepstack
-from .weights.loading import (load_checkpoint, checkpoint_tensors, _missing_message,
-                                       check_checkpoint)
+from .weights.loading import load_checkpoint, _missing_message, check_checkpoint
+from .weights.names import checkpoint_tensors
 from .quant.blocks import checkpoint_format
 from .quant.block_layers import (block_kernel, block_fp8_model_, may_block_mm,
                                                   probe_block_kernel, dequantize_model_)
 # `Encoder.load_weights` checks, then calls it
 from .weights.loading import load_weights as fill_weights
-from .weights.loading import checkpoint_name
+from .weights.names import checkpoint_name
 from .quant.fp8 import quantize_model_
 from .runners import no_graphs, exact_runners
 # the input checks, exported here too (`encoder.check_inputs`, `encoder.as_prompt`)

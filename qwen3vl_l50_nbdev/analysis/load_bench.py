@@ -79,7 +79,8 @@ from qwen3vl_l50_nbdev.config import EncoderConfig
 from qwen3vl_l50_nbdev.dist import Group
 from qwen3vl_l50_nbdev.encoder import Encoder
 import qwen3vl_l50_nbdev.weights.loading as loading
-tp, loading.WHOLE_ROWS, loading.READERS = int(sys.argv[3]), sys.argv[4] == "whole", int(sys.argv[5])
+import qwen3vl_l50_nbdev.weights.reader as reader
+tp, reader.WHOLE_ROWS, reader.READERS = int(sys.argv[3]), sys.argv[4] == "whole", int(sys.argv[5])
 torch.empty(1, device="cuda")
 enc = Encoder(EncoderConfig.from_hf(sys.argv[1], int(sys.argv[2])),
               Group(None, tuple(range(tp)), 0), device="cuda")
@@ -199,7 +200,7 @@ def bench_load(ckpt, layers: int, old: str | None = None, here: str | None = Non
      "package at `here`, default: this one), the package at `old`, TP-2 rank 0, online FP8, "
      "offload, the block-FP8 form (`ckpt`-fp8), transformers; a row each with GB/s (`only`: "
      "these cases).")
-    from qwen3vl_l50_nbdev.weights.loading import SLOTS, SLOT_BYTES, READERS
+    from qwen3vl_l50_nbdev.weights.reader import SLOTS, SLOT_BYTES, READERS
     from qwen3vl_l50_nbdev.weights.offload import TOUCH
     files = sorted(str(f) for f in Path(ckpt).glob("*.safetensors"))
     run_case(_FLOOR_READ, [8, *files])   # the page cache warm

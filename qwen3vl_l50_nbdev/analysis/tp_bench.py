@@ -22,7 +22,7 @@ from ..encoder import Encoder, HostCopy
 from ..settings import MODES
 from ..fast.apply import FastConfig, apply_fast
 from ..quant.fp8 import GRANULARITIES, quantize_model_
-from ..weights.loading import checkpoint_tensors, checkpoint_name
+from ..weights.names import checkpoint_tensors, checkpoint_name
 from ..metrics import diff_row, checksum
 from ..model.rope import rope_index
 from ..check.hf import hf_forward

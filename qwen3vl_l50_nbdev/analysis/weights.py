@@ -18,7 +18,7 @@ from ..dist import Group
 from ..model.tp import RowParallelLinear
 from ..settings import REDUCE_MODES, check_option
 from ..model.text import DecoderLayer
-from ..weights.loading import param_splits, full_shape, fill_
+from ..weights.names import param_splits, full_shape, fill_
 from ..encoder import Encoder
 from ..tiny import synthetic_inputs
 from ..metrics import diff_row

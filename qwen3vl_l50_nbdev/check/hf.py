@@ -18,7 +18,8 @@ from tqdm.auto import tqdm
 from fastcore.basics import patch
 from ..config import EncoderConfig
 from ..model.rope import mm_token_types
-from ..weights.loading import checkpoint_index, checkpoint_name
+from ..weights.index import checkpoint_index
+from ..weights.names import checkpoint_name
 from ..quant.blocks import dequantize_blocks, check_scale_values, scale_name
 from ..metrics import no_tf32
 

@@ -28,7 +28,7 @@ from ..settings import REDUCE_MODES, GRANULARITIES, MODES, QUANTS as _QUANTS
 from ..encoder import Encoder
 from ..inputs.processor import Processor
 from ..inputs.prompts import read_prompts, process_prompts
-from ..weights.loading import checkpoint_fingerprint
+from ..weights.index import checkpoint_fingerprint
 from ..quant.blocks import checkpoint_format
 from ..quant.block_layers import block_kernel
 from .hf import Checkpoint, Reference, reference, peak_gib, reset_peak
