@@ -34,7 +34,8 @@ from .runners import no_graphs, exact_runners
 from .inputs.checks import check_inputs, as_prompt  # noqa: F401
 # fast mode's config names an annotation only: exact mode imports nothing of fast mode
 if TYPE_CHECKING: from qwen3vl_l50_nbdev.fast.apply import FastConfig
-from .weights.offload import check_offload, CpuOffload, LayerwiseOffload, pinning_behind
+from .weights.offload import (check_offload, CpuOffload, LayerwiseOffload,
+                                               pinning_behind)
 _all_ = ["check_inputs", "as_prompt"]
 
 # %% ../nbs/08_encoder.ipynb #6376cd2b

@@ -24,14 +24,16 @@ CHOICES = dict(dtype=DTYPES, reduce=REDUCE_MODES, quant=QUANTS, fp8_granularity=
                fp8_act=ACT_MODES, mode=MODES)
 
 def check_option(option: str, value):
-    "`value`, one of the choices of the numerics option `option` (`CHOICES`), or a `ValueError` naming them."
+    ("`value`, one of the choices of the numerics option `option` (`CHOICES`), or a `ValueError` "
+     "naming them.")
     if value not in CHOICES[option]:
-        raise ValueError(f"{option}={value!r}: choose one of {', '.join(map(repr, CHOICES[option]))}")
+        choices = ", ".join(map(repr, CHOICES[option]))
+        raise ValueError(f"{option}={value!r}: choose one of {choices}")
     return value
 
 def dtype_name(dtype) -> str:
-    ("`dtype`'s name in `DTYPES`, from a torch dtype (`torch.bfloat16`: `'bf16'`) or the name itself; "
-     "anything else as it is, for `check_option` to refuse.")
+    ("`dtype`'s name in `DTYPES`, from a torch dtype (`torch.bfloat16`: `'bf16'`) or the name "
+     "itself; anything else as it is, for `check_option` to refuse.")
     return {"torch.bfloat16": "bf16", "torch.float32": "fp32"}.get(str(dtype), dtype)
 
 # %% ../nbs/00c_settings.ipynb #fe0c2675

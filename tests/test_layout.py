@@ -249,11 +249,11 @@ def test_encode_prompt_with_tokenizer_files_imports_no_transformers(tmp_path):
 def _rows(text: str, head: str) -> list[list[str]]:
     "The rows of the README table whose header starts with `head`, as lists of cells."
     lines = text.splitlines()
-    start = next(i for i, l in enumerate(lines) if l.startswith(f"| {head} |"))
+    start = next(i for i, line in enumerate(lines) if line.startswith(f"| {head} |"))
     rows = []
-    for l in lines[start + 2:]:
-        if not l.startswith("|"): break
-        rows.append([c.strip() for c in l.strip().strip("|").split("|")])
+    for line in lines[start + 2:]:
+        if not line.startswith("|"): break
+        rows.append([c.strip() for c in line.strip().strip("|").split("|")])
     return rows
 
 

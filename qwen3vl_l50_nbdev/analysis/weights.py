@@ -16,13 +16,13 @@ import pandas as pd
 from ..config import EncoderConfig, tiny
 from ..dist import Group
 from ..model.tp import RowParallelLinear
-from ..settings import REDUCE_MODES, check_option
+from ..settings import GRANULARITIES, ACT_MODES, check_option
 from ..model.text import DecoderLayer
 from ..weights.names import param_splits, full_shape, fill_
 from ..encoder import Encoder
 from ..tiny import synthetic_inputs
 from ..metrics import diff_row
-from ..quant.fp8 import quantize_model_, Fp8RowParallelLinear, GRANULARITIES, ACT_MODES
+from ..quant.fp8 import quantize_model_, Fp8RowParallelLinear
 from ..metrics import layer_states   # the states per layer, for every sweep
 
 # %% ../../nbs/analysis/00_weights.ipynb #2ecd9f4a

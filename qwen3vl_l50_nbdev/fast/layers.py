@@ -20,9 +20,11 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch.nn.attention import sdpa_kernel, SDPBackend
 from ..dist import window_barrier
-from ..model.tp import ColumnParallelLinear, RowParallelLinear, VocabParallelEmbedding
+from ..model.tp import (ColumnParallelLinear, RowParallelLinear,
+                                        VocabParallelEmbedding)
 from ..model.rope import apply_rotary
-from ..model.text import RMSNorm, Attention as TextAttention, MLP, TextModel, attend_each
+from ..model.text import (RMSNorm, Attention as TextAttention, MLP, TextModel,
+                                          attend_each)
 from ..model.vision import Attention as VisionAttention, PatchEmbed
 from ..quant.fp8 import Fp8RowParallelLinear
 from ..quant.block_layers import BlockFp8RowParallelLinear

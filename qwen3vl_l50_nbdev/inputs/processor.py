@@ -17,7 +17,8 @@ from PIL import Image
 from fastcore.basics import patch
 from ..config import EncoderConfig
 from ..files import path_exists, read_json
-from .tokenizer import QWEN_VOCAB, load_tokenizer, qwen_tokenizer, byte_tokenizer
+from .tokenizer import (QWEN_VOCAB, load_tokenizer, qwen_tokenizer,
+                                               byte_tokenizer)
 from .pixels import (PixelConfig, IMAGE, VIDEO, load_image, image_pixels,
                                             video_pixels, sample_indices, load_video, _hf_settings)
 

@@ -15,7 +15,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 from fastcore.basics import patch
 from ..dist import Group
-from ..settings import REDUCE_MODES, check_option
+from ..settings import check_option
 
 # %% ../../nbs/02_tp.ipynb #1c3f5a50
 def divide(n: int, d: int, what: str = "size") -> int:

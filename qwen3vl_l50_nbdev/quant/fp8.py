@@ -15,7 +15,7 @@ import torch.nn.functional as F
 from ..dist import Group
 from ..model.tp import ColumnParallelLinear, RowParallelLinear, RowSum
 from ..model.text import TP_PLAN, DecoderLayer
-from ..settings import GRANULARITIES, ACT_MODES, check_option   # the FP8 scales' spellings
+from ..settings import check_option   # the FP8 scales' one check
 
 
 # %% ../../nbs/09_fp8.ipynb #4f88c612
