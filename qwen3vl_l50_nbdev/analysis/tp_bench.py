@@ -21,7 +21,8 @@ from ..model.text import TP_PLAN
 from ..encoder import Encoder, HostCopy
 from ..settings import MODES
 from ..fast.apply import FastConfig, apply_fast
-from ..quant.fp8 import GRANULARITIES, quantize_model_
+from ..quant.fp8 import quantize_model_
+from ..settings import GRANULARITIES
 from ..weights.names import checkpoint_tensors, checkpoint_name
 from ..metrics import diff_row, checksum
 from ..model.rope import rope_index

@@ -20,8 +20,9 @@ import torch.nn as nn
 from fastcore.basics import patch
 from tqdm import tqdm
 from ..model.tp import STYLES
-from ..quant.blocks import (SCALE_DTYPES, SCALE_MAX, BLOCK_LAYERS, BlockTensor,
-                                            scale_name, check_scale_values)
+from ..quant.blocks import (SCALE_DTYPES, SCALE_MAX, BlockTensor, scale_name,
+                                          check_scale_values)
+from ..quant.block_layers import BLOCK_LAYERS
 from .names import sharding_rule, _part, _scale_part
 from .index import Entry
 
