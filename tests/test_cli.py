@@ -427,7 +427,6 @@ def test_signal_swallowed_by_a_c_call_is_still_an_interrupt(error, monkeypatch, 
 
 def test_errors_without_a_signal_are_not_interrupts(monkeypatch, tmp_path):
     "An error of another kind, with no signal, is not dressed up: it propagates (a traceback: a bug to report)."
-    from qwen3vl_l50_nbdev import cli
     from qwen3vl_l50_nbdev.cli import make_tiny
     def fails(a): raise RuntimeError("a bug")
     monkeypatch.setattr(make_tiny, "run", fails)
@@ -454,7 +453,8 @@ def test_nan_in_one_ranks_slice_fails_every_rank(ckpt, inputs, tmp_path):
 def _loaded(*args) -> set[str]:
     "The modules a fresh interpreter holds after `qwen3vl-l50 ARGS` (which exits, as `--help` does)."
     probe = ("import sys, contextlib, io, json\nfrom qwen3vl_l50_nbdev.cli import main\n"
-             "with contextlib.redirect_stdout(io.StringIO()):\n    try: main(sys.argv[1:])\n    except SystemExit: pass\n"
+             "with contextlib.redirect_stdout(io.StringIO()):\n"
+             "    try: main(sys.argv[1:])\n    except SystemExit: pass\n"
              "print(json.dumps(sorted(sys.modules)))")
     r = subprocess.run([sys.executable, "-c", probe, *args], env=ENV, capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr[-3000:]

@@ -29,12 +29,13 @@ COMMANDS = {
     "make-tiny": Command("make_tiny", "write a random tiny HF-format Qwen3-VL checkpoint",
                          "qwen3vl-l50 make-tiny /tmp/tiny --real-vocab"),
     "encode": Command("encode", "encode inputs files; rank 0 writes hidden_states",
-                      'qwen3vl-l50 encode --model /tmp/tiny --layer 3 --prompt "A lighthouse at dusk." '
-                      '--out h.safetensors'),
+                      'qwen3vl-l50 encode --model /tmp/tiny --layer 3 --prompt "A lighthouse at '
+                      'dusk." --out h.safetensors'),
     "check": Command("check", "diff table against transformers; non-zero exit past tolerance",
                      "qwen3vl-l50 check --model /tmp/tiny --layer 3 --nproc 2"),
     "demo": Command("demo", "check on every local rank (torchrun): a tiny checkpoint with Qwen's "
-                    "vocabulary and a photograph with a prompt, unless --model / --prompt / --inputs",
+                    "vocabulary and a photograph with a prompt, unless --model / --prompt / "
+                    "--inputs",
                     "qwen3vl-l50 demo"),
     "validate": Command("validate", "every variant against transformers' fp32 reference on your "
                         "prompts, layer by layer: a verdict per variant from the numerics contract "
@@ -62,7 +63,8 @@ def version() -> str:
 
 class _Version(argparse.Action):
     "`--version`: print `version()` and exit (computed only when asked: git runs then)."
-    def __init__(self, option_strings, dest=argparse.SUPPRESS, default=argparse.SUPPRESS, help=None):
+    def __init__(self, option_strings, dest=argparse.SUPPRESS, default=argparse.SUPPRESS,
+                 help=None):
         super().__init__(option_strings, dest=dest, default=default, nargs=0, help=help)
     def __call__(self, parser, namespace, values, option_string=None):
         print(version())

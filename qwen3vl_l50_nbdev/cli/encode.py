@@ -61,8 +61,9 @@ def _input_files(a) -> list:
 def add_args(s: argparse.ArgumentParser):
     "The options of `encode`."
     model_args(s, several=True)
-    s.add_argument("--out", required=True, help="output safetensors: hidden_states [seq, hidden]; for "
-                   "several inputs hidden_states.0, .1, ...")
+    s.add_argument("--out", required=True,
+                   help="output safetensors: hidden_states [seq, hidden]; for several inputs "
+                   "hidden_states.0, .1, ...")
     s.add_argument("--nproc", type=int, help=_NPROC)
 
 run = cmd_encode
