@@ -528,7 +528,8 @@ def build(out=SITE, jobs=2, quiet=False):
 
     conv = {pages[Path(p["path"]).resolve()]: (p, *to_myst(p)) for p in procs}
     for mod, proc in helps:   # the CLI page opens with the program's help, after the title
-        page = next((pages[nb.resolve()] for nb in nb_list if default_exp(nb) == mod.split(".", 1)[-1]), None)
+        page = next((pages[nb.resolve()] for nb in nb_list
+                     if (default_exp(nb) or "").removesuffix(".__init__") == mod.split(".", 1)[-1]), None)
         try: text = help_md(finish_help(proc))
         except RuntimeError as e: failed.append(mod); print(f"error: {e}", file=sys.stderr); continue
         if page in conv:

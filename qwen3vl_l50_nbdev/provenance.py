@@ -18,8 +18,7 @@ import subprocess
 import sys
 from configparser import ConfigParser
 from pathlib import Path
-import torch
-import torch.distributed as dist
+# torch is imported where it is used: `git_commit` (`qwen3vl-l50 --version`) needs none
 
 # %% ../nbs/00b_provenance.ipynb #b2c3d4e5
 def _git(where, *args) -> str:
@@ -103,6 +102,7 @@ def machine_fingerprint() -> str:
     ("What fixes a CPU run's bits: vendor, family/model/stepping, a digest of the CPU flags, "
      "the kernels torch picks (`get_cpu_capability`, which `ATEN_CPU_CAPABILITY` moves), "
      "torch's threads and build. Not the marketing name.")
+    import torch
     info = {}
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():   # the first processor's fields
@@ -121,6 +121,7 @@ def machine_fingerprint() -> str:
 def _this_command() -> str:
     ("This process's command line as typed: `torchrun --nproc_per_node N -m ...` under torchrun, "
      "else `python ...`.")
+    import torch.distributed as dist
     a = sys.orig_argv
     args = a[a.index("-m"):] if "-m" in a else sys.argv
     world = dist.get_world_size() if dist.is_initialized() else int(os.environ.get("WORLD_SIZE", 1))
@@ -136,6 +137,7 @@ def provenance(device="cpu",                # the device the run computed on
     ("Where a run came from: device, UTC date, git commit, torch version, command (default: this "
      "process's command line, under `torchrun` if it is); "
      "on the CPU also `machine`, its `machine_fingerprint`.")
+    import torch
     dev = torch.device(device)
     name = (f"{torch.cuda.get_device_name(dev)} x{torch.cuda.device_count()}" if dev.type == "cuda"
             else f"cpu {_cpu_name()} ({os.cpu_count()} cores)")

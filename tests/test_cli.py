@@ -411,13 +411,14 @@ def test_interrupted_encode_says_one_line(sig, ckpt, tmp_path):
 def test_signal_swallowed_by_a_c_call_is_still_an_interrupt(error, monkeypatch, tmp_path, capsys):
     "A C call that swallows the signal's exception and raises its own (torch did, loading): still exit 143, one line."
     from qwen3vl_l50_nbdev import cli
+    from qwen3vl_l50_nbdev.cli import make_tiny
     def swallows(a):
         try:
             os.kill(os.getpid(), signal.SIGTERM)
             time.sleep(5)   # the handler raises here
         except BaseException: pass   # as torch's tensor constructor did with it
         raise error("could not determine the shape of object type 'torch.storage.UntypedStorage'")
-    monkeypatch.setitem(cli.COMMANDS, "make-tiny", cli.COMMANDS["make-tiny"]._replace(run=swallows))
+    monkeypatch.setattr(make_tiny, "run", swallows)
     rc = main(["make-tiny", str(tmp_path / "tiny")])
     err = capsys.readouterr().err
     assert rc == 128 + signal.SIGTERM and err == "qwen3vl-l50 make-tiny: interrupted by SIGTERM\n", err
@@ -426,9 +427,9 @@ def test_signal_swallowed_by_a_c_call_is_still_an_interrupt(error, monkeypatch, 
 
 def test_errors_without_a_signal_are_not_interrupts(monkeypatch, tmp_path):
     "An error of another kind, with no signal, is not dressed up: it propagates (a traceback: a bug to report)."
-    from qwen3vl_l50_nbdev import cli
+    from qwen3vl_l50_nbdev.cli import make_tiny
     def fails(a): raise RuntimeError("a bug")
-    monkeypatch.setitem(cli.COMMANDS, "make-tiny", cli.COMMANDS["make-tiny"]._replace(run=fails))
+    monkeypatch.setattr(make_tiny, "run", fails)
     with pytest.raises(RuntimeError, match="a bug"): main(["make-tiny", str(tmp_path / "tiny")])
 
 
@@ -447,3 +448,59 @@ def test_nan_in_one_ranks_slice_fails_every_rank(ckpt, inputs, tmp_path):
     assert r.returncode == 2, r.stderr[-3000:]
     assert f"{k} in {where} holds 1 NaN or Inf value(s)" in r.stderr and "another rank of the group" in r.stderr
     assert not out.exists()
+
+
+def _loaded(*args) -> set[str]:
+    "The modules a fresh interpreter holds after `qwen3vl-l50 ARGS` (which exits, as `--help` does)."
+    probe = ("import sys, contextlib, io, json\nfrom qwen3vl_l50_nbdev.cli import main\n"
+             "with contextlib.redirect_stdout(io.StringIO()):\n"
+             "    try: main(sys.argv[1:])\n    except SystemExit: pass\n"
+             "print(json.dumps(sorted(sys.modules)))")
+    r = subprocess.run([sys.executable, "-c", probe, *args], env=ENV, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr[-3000:]
+    import json
+    return set(json.loads(r.stdout.splitlines()[-1]))
+
+
+def test_package_runs_as_a_command():
+    "`python -m qwen3vl_l50_nbdev --help` (and `-m qwen3vl_l50_nbdev.cli`) lists every command with its help."
+    from qwen3vl_l50_nbdev.cli import COMMANDS
+    for m in ("qwen3vl_l50_nbdev", "qwen3vl_l50_nbdev.cli"):
+        r = subprocess.run([sys.executable, "-m", m, "--help"], env=ENV, capture_output=True, text=True, timeout=120)
+        assert r.returncode == 0 and r.stdout.startswith("usage: qwen3vl-l50 "), r.stderr
+        for name, c in COMMANDS.items():
+            assert re.search(rf"^    {re.escape(name)}\s", r.stdout, re.M) and c.example in r.stdout, (name, r.stdout)
+
+
+def test_help_imports_no_command_and_no_torch():
+    "`--help` reads the table alone: no command module, no torch; `encode --help` imports `cli.encode` alone of them."
+    from qwen3vl_l50_nbdev.cli import COMMANDS
+    commands = {f"qwen3vl_l50_nbdev.cli.{c.module}" for c in COMMANDS.values()}
+    top = _loaded("--help")
+    assert not top & commands and "torch" not in top, sorted(top & commands)
+    enc = _loaded("encode", "--help")
+    assert enc & commands == {"qwen3vl_l50_nbdev.cli.encode"} and "torch" not in enc, sorted(enc & commands)
+
+
+def test_version():
+    "`--version`: settings.ini's version (and the commit, where known), without torch."
+    from configparser import ConfigParser
+    ini = ConfigParser(); ini.read(os.path.join(os.path.dirname(__file__), "..", "settings.ini"))
+    r = subprocess.run([sys.executable, "-m", "qwen3vl_l50_nbdev", "--version"], env=ENV, capture_output=True,
+                       text=True, timeout=120)
+    assert r.returncode == 0 and r.stdout.startswith(f"qwen3vl-l50 {ini['DEFAULT']['version']}"), r.stdout + r.stderr
+    assert "torch" not in _loaded("--version")
+
+
+def test_validate_calls_run_validate_with_keywords(monkeypatch, tmp_path):
+    "`qwen3vl-l50 validate` hands `run_validate` its options as keywords (`cli.validate.validate_kwargs`)."
+    from qwen3vl_l50_nbdev.check import validate as V
+    got = []
+    monkeypatch.setattr(V, "run_validate", lambda **kw: got.append(kw) or 0)
+    (tmp_path / "m").mkdir()
+    argv = ["validate", "--model", str(tmp_path / "m"), "--prompts", str(tmp_path / "p.jsonl"), "--out",
+            str(tmp_path / "r"), "--device", "cpu", "--tp", "1", "--mode", "exact,fast", "--layer", "3"]
+    assert main(argv) == 0
+    assert got == [dict(model=str(tmp_path / "m"), prompts=str(tmp_path / "p.jsonl"), out=str(tmp_path / "r"),
+                        layer=3, tp="1", reduce="fp32", quant="none", fp8_granularity="channel", mode="exact,fast",
+                        ref_dtype="fp32", device="cpu", max_pixels=None)], got

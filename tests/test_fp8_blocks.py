@@ -239,12 +239,13 @@ def test_validate_block_fp8_checkpoint(real_vocab_fp8, tmp_path, capsys):
      "exact mode HF bf16's bits at every layer, fast within its bound, the verdict PASS and the report saying FP8.")
     from qwen3vl_l50_nbdev.check import validate as V, report as R
     from qwen3vl_l50_nbdev.cli import main, parser
+    from qwen3vl_l50_nbdev.cli.validate import validate_kwargs
     from qwen3vl_l50_nbdev.check.hf import hf_reference
     model, prompts = real_vocab_fp8
     out = tmp_path / "r"
     a = parser().parse_args(["validate", "--model", str(model), "--prompts", str(prompts), "--out", str(out),
                              "--max-pixels", "4096", "--layer", "3", "--mode", "exact,fast"])
-    assert V.run_validate(a) == 0
+    assert V.run_validate(**validate_kwargs(a)) == 0
     assert "PASS: every variant within the numerics contract" in capsys.readouterr().out
     df = R.load_results(out)
     assert list(dict.fromkeys(df.variant)) == [R.HF_BF16, "tp1 exact", "tp1 fast"]

@@ -97,11 +97,11 @@ def room(m: str) -> str:
 
 
 def rooms(g: dict[str, set[str]]) -> dict[str, set[str]]:
-    "Room -> the other rooms its modules import (the harness and the test module left out)."
+    "Room -> the other rooms its modules import (the harness, the test module and `python -m`'s entry left out)."
     out = {}
     for m, deps in g.items():
         r = room(m)
-        if r in ("analysis", "__init__", TEST_ONLY): continue
+        if r in ("analysis", "__init__", "__main__", TEST_ONLY): continue   # `python -m`: the CLI's main
         out.setdefault(r, set()).update(room(d) for d in deps if room(d) != r)
     return out
 

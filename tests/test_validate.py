@@ -10,6 +10,7 @@ import pandas as pd
 import pytest
 
 from qwen3vl_l50_nbdev.cli import main, parser
+from qwen3vl_l50_nbdev.cli.validate import validate_kwargs
 from qwen3vl_l50_nbdev.check import validate as V
 from qwen3vl_l50_nbdev.check import report as R
 from qwen3vl_l50_nbdev.check.contract import Variant
@@ -85,7 +86,7 @@ def test_verdict_paths_in_process(ckpt, prompts, tmp_path, capsys):
     def wrong(enc, v):
         if v.quant == "none": enc.text.layers[2].mlp.down_proj.weight.data.mul_(1.5)
     a = args(ckpt, prompts, tmp_path / "bad", mode="exact,fast", quant="none,fp8")
-    assert V.run_validate(a, perturb=wrong) == 1
+    assert V.run_validate(**validate_kwargs(a), perturb=wrong) == 1
     out = capsys.readouterr().out
     assert "FAIL tp1 exact: bitwise equal to HF bf16 at every layer; worst prompts: photo (layer 3 accumulated" in out
     assert re.search(r"FAIL tp1 fast: rel L2 <= 1.1 x HF bf16's own; worst prompts: \w+ \(\d+\.\d\dx\)", out), out
@@ -181,7 +182,7 @@ def test_bad_input_once_under_torchrun(ckpt, prompts, tmp_path):
 def test_fp64_reference_and_fingerprint(ckpt, prompts, tmp_path):
     "`--ref-dtype fp64`: the same verdict against a reference below fp32's noise; the checkpoint's fingerprint."
     a = args(ckpt, prompts, tmp_path / "r64", ref_dtype="fp64")
-    assert V.run_validate(a) == 0
+    assert V.run_validate(**validate_kwargs(a)) == 0
     df = R.load_results(tmp_path / "r64")
     assert df.ref_dtype.eq("fp64").all() and df.checkpoint_sha.iloc[0] == V.checkpoint_fingerprint(ckpt)
     assert df[df.variant == "tp1 exact"].bitwise_hf.all()
@@ -200,16 +201,16 @@ def test_report_replaced_said_interrupted_marked_full_disk_named(ckpt, prompts, 
     out = tmp_path / "o"; out.mkdir()
     for f in ("results.csv", "report.html"): (out / f).write_text("an old PASS")
     def stop(enc, v): raise KeyboardInterrupt
-    with pytest.raises(KeyboardInterrupt): V.run_validate(args(ckpt, prompts, out), perturb=stop)
+    with pytest.raises(KeyboardInterrupt): V.run_validate(**validate_kwargs(args(ckpt, prompts, out)), perturb=stop)
     assert "replacing the earlier report in" in capsys.readouterr().out
     assert sorted(f.name for f in out.iterdir()) == ["INCOMPLETE"]
     def full(self, path, **kw): raise OSError(28, "No space left on device")
     monkeypatch.setattr(pd.DataFrame, "to_csv", full)
     with pytest.raises(ValueError, match="results.csv cannot be written \\(No space left on device\\)"):
-        V.run_validate(args(ckpt, prompts, out))
+        V.run_validate(**validate_kwargs(args(ckpt, prompts, out)))
     assert sorted(f.name for f in out.iterdir()) == ["INCOMPLETE"]
     monkeypatch.undo()
-    assert V.run_validate(args(ckpt, prompts, out)) in (0, 1)
+    assert V.run_validate(**validate_kwargs(args(ckpt, prompts, out))) in (0, 1)
     assert sorted(f.name for f in out.iterdir() if not f.name.startswith(".")) == ["report.html", "report.ipynb",
                                                                                   "results.csv"]
 

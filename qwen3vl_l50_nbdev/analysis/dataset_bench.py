@@ -7,7 +7,6 @@ __all__ = ['TARGETS', 'prompt_mix', 'timed', 'one_at_a_time', 'hf_loop', 'datase
            'command']
 
 # %% ../../nbs/analysis/07a_dataset_bench.ipynb #668c64b1
-import argparse
 import random
 import sys
 import tempfile
@@ -28,6 +27,7 @@ from .cases import build_pair, fast_twin, eager_unless, text_case
 from .speed import gemm_peak, decoder_flops
 from .report import provenance, data_dir, write_csv
 from .timing import free_memory, wall_ms
+from .bench import bench_parser
 
 # %% ../../nbs/analysis/07a_dataset_bench.ipynb #27ab9a3a
 def prompt_mix(cfg: EncoderConfig, n: int = 2000, seed: int = 0, lengths=(20, 600),
@@ -186,21 +186,19 @@ def targets(df: pd.DataFrame) -> pd.DataFrame:
 def command(argv=None) -> int:
     ("`python -m qwen3vl_l50_nbdev.analysis dataset [--full]`: the benchmark; writes its CSV with "
      "provenance.")
-    p = argparse.ArgumentParser(prog="python -m qwen3vl_l50_nbdev.analysis dataset",
-                                description=command.__doc__)
-    p.add_argument("--full", action="store_true",
-                   help="Qwen3-VL-32B dimensions on CUDA (default: tiny(3) on the CPU)")
-    p.add_argument("--layers", type=int, default=50, help="decoder layers with --full")
-    p.add_argument("--n", type=int, default=None,
-                   help="prompts (default: 2000 with --full, 24 on the CPU)")
-    p.add_argument("--batch-tokens", type=int, nargs="+", default=[8192],
-                   help="encode-dataset's token budgets per batch, bf16 at each "
-                        "(the first: FP8's and the targets')")
-    p.add_argument("--no-hf", action="store_true", help="leave HF out (its memory, its time)")
-    p.add_argument("--out", default=None,
-                   help="CSV (default: nbs/analysis/data/dataset_<h200|cpu>.csv)")
-    p.add_argument("--commit", default=None,
-                   help="commit to record (default: the package's own, git_commit)")
+    p, flag = bench_parser("dataset", command.__doc__)
+    flag("--full",
+         help="Qwen3-VL-32B dimensions on CUDA (default: tiny(3) on the CPU)")
+    flag("--layers", default=50, help="decoder layers with --full")
+    flag("--n", type=int, default=None,
+         help="prompts (default: 2000 with --full, 24 on the CPU)")
+    flag("--batch-tokens", type=int, nargs="+", default=[8192],
+         help="encode-dataset's token budgets per batch, bf16 at each "
+              "(the first: FP8's and the targets')")
+    flag("--no-hf", action="store_true", help="leave HF out (its memory, its time)")
+    flag("--out",
+         help="CSV (default: nbs/analysis/data/dataset_<h200|cpu>.csv)")
+    flag("--commit")
     a = p.parse_args(argv)
     dev = torch.device("cuda", 0) if torch.cuda.is_available() else torch.device("cpu")
     if a.full and dev.type != "cuda": raise SystemExit("--full needs a CUDA device")

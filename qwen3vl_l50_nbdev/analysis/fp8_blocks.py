@@ -7,7 +7,6 @@ __all__ = ['VARIANTS', 'write_checkpoint', 'bench_blocks', 'gemm_shapes', 'bench
            'command']
 
 # %% ../../nbs/analysis/03b_fp8_blocks.ipynb #830b0b08
-import argparse
 import contextlib
 import gc
 import importlib.util
@@ -37,6 +36,7 @@ from ..testing import hf_shapes
 from .weights import _full_random
 from .timing import cuda_ms, wall_ms, sync, free_memory
 from .report import write_csv, data_dir
+from .bench import bench_parser
 
 # %% ../../nbs/analysis/03b_fp8_blocks.ipynb #00bb0dc8
 def write_checkpoint(dst, cfg: EncoderConfig, fmt: BlockFp8 | None = None, seed: int = 0,
@@ -246,29 +246,28 @@ def oracle_layers(cfg: EncoderConfig, workdir, kernel_src=None, tokens: int = 25
 def command(argv=None) -> int:
     ("`python -m qwen3vl_l50_nbdev.analysis fp8-blocks [--full] [--gemms | --oracle]`: one "
      "measurement, one CSV.")
-    p = argparse.ArgumentParser(prog="python -m qwen3vl_l50_nbdev.analysis fp8-blocks")
-    p.add_argument("--full", action="store_true",
-                   help="Qwen3-VL-32B dimensions on CUDA (default: block_tiny on CPU)")
-    p.add_argument("--layers", type=int, default=10)
-    p.add_argument("--seqs", default="128,512,2048")
-    p.add_argument("--variants", default=",".join(VARIANTS))
-    p.add_argument("--iters", type=int, default=10)
-    p.add_argument("--mode", default="fast", choices=MODES,
-                   help="the encoders' mode (the error is exact mode's)")
-    p.add_argument("--gemms", action="store_true",
-                   help="only each GEMM alone, rowwise and block FP8 (CUDA)")
-    p.add_argument("--oracle", action="store_true",
-                   help="only oracle_layers: ours against transformers, per layer")
-    p.add_argument("--hf-kernel", default=None, metavar="DIR",
-                   help="with --oracle: transformers' FP8 kernel from this local source "
-                   "(hf_fp8_kernel)")
-    p.add_argument("--workdir", default="/tmp/fp8_blocks",
-                   help="where the two checkpoints are written")
-    p.add_argument("--out", default=None,
-                   help="the CSV (default: "
-                   "nbs/analysis/data/fp8_blocks[_gemms|_exact]_<h200|cpu>.csv)")
-    p.add_argument("--commit", default=None,
-                   help="commit to record (default: the package's own, git_commit)")
+    p, flag = bench_parser("fp8-blocks")
+    flag("--full",
+         help="Qwen3-VL-32B dimensions on CUDA (default: block_tiny on CPU)")
+    flag("--layers", default=10)
+    flag("--seqs", default="128,512,2048")
+    flag("--variants", default=",".join(VARIANTS))
+    flag("--iters", type=int, default=10)
+    flag("--mode", default="fast", choices=MODES,
+         help="the encoders' mode (the error is exact mode's)")
+    flag("--gemms", action="store_true",
+         help="only each GEMM alone, rowwise and block FP8 (CUDA)")
+    flag("--oracle", action="store_true",
+         help="only oracle_layers: ours against transformers, per layer")
+    flag("--hf-kernel", default=None, metavar="DIR",
+         help="with --oracle: transformers' FP8 kernel from this local source "
+         "(hf_fp8_kernel)")
+    flag("--workdir", default="/tmp/fp8_blocks",
+         help="where the two checkpoints are written")
+    flag("--out",
+         help="the CSV (default: "
+         "nbs/analysis/data/fp8_blocks[_gemms|_exact]_<h200|cpu>.csv)")
+    flag("--commit")
     a = p.parse_args(argv)
     dev, seqs = "cuda" if a.full else "cpu", [int(s) for s in a.seqs.split(",")]
     if a.gemms and not a.full:

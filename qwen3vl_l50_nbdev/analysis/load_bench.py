@@ -6,7 +6,6 @@
 __all__ = ['run_case', 'read_gbps', 'bench_load', 'command']
 
 # %% ../../nbs/analysis/08a_load_bench.ipynb #b8a10003
-import argparse
 import json
 import os
 import subprocess
@@ -278,19 +277,19 @@ def bench_load(ckpt, layers: int, old: str | None = None, here: str | None = Non
 def command(argv=None) -> int:
     ("`python -m qwen3vl_l50_nbdev.analysis load --dir DIR --layers N [--old PATH] --out CSV` (on "
      "CUDA).")
-    ap = argparse.ArgumentParser(prog="python -m qwen3vl_l50_nbdev.analysis load",
-                                 description="from_pretrained's GB/s against the page cache and "
-                                             "host-to-device floors")
-    ap.add_argument("--dir", required=True,
-                    help="where the checkpoint is (written there first unless it has one)")
-    ap.add_argument("--layers", type=int, default=10, help="decoder layers written and loaded")
-    ap.add_argument("--old", default=None,
-                    help="a folder holding another copy of the package, to compare")
-    ap.add_argument("--out", required=True, help="the CSV to write")
-    ap.add_argument("--commit", default=None, help="git commit to record (default: git rev-parse)")
-    ap.add_argument("--cases", type=lambda s: tuple(c.strip() for c in s.split(";")), default=(),
-                    help="only these cases, separated by semicolons (their names hold commas; "
-                         "default: every one)")
+    from qwen3vl_l50_nbdev.analysis.bench import bench_parser
+    ap, flag = bench_parser("load", "from_pretrained's GB/s against the page cache and "
+                                "host-to-device floors")
+    flag("--dir", required=True,
+         help="where the checkpoint is (written there first unless it has one)")
+    flag("--layers", default=10, help="decoder layers written and loaded")
+    flag("--old", default=None,
+         help="a folder holding another copy of the package, to compare")
+    flag("--out", required=True, help="the CSV to write")
+    flag("--commit", help="git commit to record (default: git rev-parse)")
+    flag("--cases", type=lambda s: tuple(c.strip() for c in s.split(";")), default=(),
+         help="only these cases, separated by semicolons (their names hold commas; "
+              "default: every one)")
     a = ap.parse_args(argv)
     import torch
     if not torch.cuda.is_available():

@@ -6,7 +6,6 @@
 __all__ = ['h2d_gbps', 'bench_offload', 'command']
 
 # %% ../../nbs/analysis/06_offload_bench.ipynb #df6f4c47
-import argparse
 import sys
 import torch
 import torch.distributed as dist
@@ -17,6 +16,7 @@ from ..encoder import Encoder
 from .weights import random_weights_
 from .timing import wall_ms, cuda_ms
 from .report import provenance, write_csv
+from .bench import bench_parser
 
 # %% ../../nbs/analysis/06_offload_bench.ipynb #1f3ab1d4
 def h2d_gbps(nbytes: int = 2 ** 31, iters: int = 5, device=None) -> float:
@@ -84,18 +84,16 @@ def bench_offload(layers: int = 50, tokens: int = 2048, rings=(2, 3), iters: int
 def command(argv=None) -> int:
     ("`[torchrun --nproc_per_node N] python -m qwen3vl_l50_nbdev.analysis offload --out CSV`: "
      "every rank measures its shard; rank 0 writes all ranks' rows.")
-    ap = argparse.ArgumentParser(prog="python -m qwen3vl_l50_nbdev.analysis offload",
-                                 description="Offload benchmark on CUDA: resident vs offload='cpu' "
-                                             "vs 'layerwise'")
-    ap.add_argument("--layers", type=int, default=50, help="decoder layers kept (selected_layer)")
-    ap.add_argument("--tokens", type=int, default=2048, help="prompt length (text tokens)")
-    ap.add_argument("--rings", default="2,3",
-                    help="layerwise ring sizes to measure, comma-separated")
-    ap.add_argument("--iters", type=int, default=3,
-                    help="timed calls per measurement (the median is kept)")
-    ap.add_argument("--out", required=True, help="the CSV to write")
-    ap.add_argument("--commit", default=None,
-                    help="commit to record (default: the package's own, git_commit)")
+    ap, flag = bench_parser("offload", "Offload benchmark on CUDA: resident vs offload='cpu' vs "
+                                   "'layerwise'")
+    flag("--layers", default=50, help="decoder layers kept (selected_layer)")
+    flag("--tokens", type=int, default=2048, help="prompt length (text tokens)")
+    flag("--rings", default="2,3",
+         help="layerwise ring sizes to measure, comma-separated")
+    flag("--iters", type=int, default=3,
+         help="timed calls per measurement (the median is kept)")
+    flag("--out", required=True, help="the CSV to write")
+    flag("--commit")
     a = ap.parse_args(argv)
     if not torch.cuda.is_available():
         raise SystemExit("the benchmark needs a CUDA GPU: it times host-to-device copies")

@@ -7,7 +7,6 @@ __all__ = ['LENGTHS', 'PICTURES', 'REFS', 'decoder_flops', 'gemm_peak', 'hbm_ban
            'run', 'command', 'gemm_floor', 'gemm_table']
 
 # %% ../../nbs/analysis/04a_speed_bench.ipynb #1ef5b510
-import argparse
 import statistics
 import sys
 import time
@@ -27,6 +26,7 @@ from .report import provenance, data_dir, write_csv
 from .cases import (build_pair, fp32_hf, fast_twin,
                                              variant_call, text_case)
 from .tp_profile import hf_profile, HF_VARIANTS
+from .bench import bench_parser
 
 # %% ../../nbs/analysis/04a_speed_bench.ipynb #1c3b5af8
 def decoder_flops(cfg, n: int) -> float:
@@ -220,24 +220,22 @@ def run(cfg: EncoderConfig, full: bool, device, reps: int = 5,
 def command(argv=None) -> int:
     ("`python -m qwen3vl_l50_nbdev.analysis speed [--full]`: the benchmark; writes its CSV with "
      "provenance.")
-    p = argparse.ArgumentParser(prog="python -m qwen3vl_l50_nbdev.analysis speed",
-                                description=command.__doc__)
-    p.add_argument("--full", action="store_true",
-                   help="Qwen3-VL-32B dimensions on CUDA (default: tiny(3) on the CPU)")
-    p.add_argument("--layers", type=int, default=50, help="decoder layers with --full")
-    p.add_argument("--fp8", action="store_true",
-                   help="then the text cases again in FP8 fast mode (HF freed)")
-    p.add_argument("--reps", type=int, default=5,
-                   help="timed calls per variant and case (the median is reported)")
-    p.add_argument("--out", default=None,
-                   help="CSV (default: nbs/analysis/data/speed_<device>.csv)")
-    p.add_argument("--commit", default=None,
-                   help="commit to record (default: the package's own, git_commit)")
-    p.add_argument("--gemms", action="store_true",
-                   help="only the GEMMs of one 32B layer (gemm_floor), on CUDA")
-    p.add_argument("--profile", default=None, metavar="TOKENS",
-                   help="only tp_profile.hf_profile at these lengths (e.g. 128,2048,2500): "
-                   "speed_profile_<device>.csv")
+    p, flag = bench_parser("speed", command.__doc__)
+    flag("--full",
+         help="Qwen3-VL-32B dimensions on CUDA (default: tiny(3) on the CPU)")
+    flag("--layers", default=50, help="decoder layers with --full")
+    flag("--fp8", action="store_true",
+         help="then the text cases again in FP8 fast mode (HF freed)")
+    flag("--reps", default=5,
+         help="timed calls per variant and case (the median is reported)")
+    flag("--out",
+         help="CSV (default: nbs/analysis/data/speed_<device>.csv)")
+    flag("--commit")
+    flag("--gemms", action="store_true",
+         help="only the GEMMs of one 32B layer (gemm_floor), on CUDA")
+    flag("--profile", default=None, metavar="TOKENS",
+         help="only tp_profile.hf_profile at these lengths (e.g. 128,2048,2500): "
+         "speed_profile_<device>.csv")
     a = p.parse_args(argv)
     dev = torch.device("cuda", 0) if torch.cuda.is_available() else torch.device("cpu")
     if (a.full or a.gemms) and dev.type != "cuda":

@@ -14,12 +14,12 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-import argparse
 import pandas as pd
 from .offload_bench import h2d_gbps
 from .load_bench import read_gbps
 from .report import provenance, write_csv
 from ..fast.apply import CACHE_ENV
+from .bench import bench_parser
 
 # %% ../../nbs/analysis/09a_startup_bench.ipynb #c580d0cb
 OURS = r"""
@@ -187,24 +187,23 @@ def startup(model, layers=(10,), device: str = "cuda", reps: int = 1, modes=("ex
 def command(argv=None) -> int:
     ("`python -m qwen3vl_l50_nbdev.analysis startup --model DIR --out CSV`: `startup`'s phases, "
      "written with provenance.")
-    ap = argparse.ArgumentParser(prog="python -m qwen3vl_l50_nbdev.analysis startup",
-                                 description=startup.__doc__)
-    ap.add_argument("--model", required=True, help="checkpoint directory (HF format)")
-    ap.add_argument("--write-layers", type=int, default=None,
-                    help="write a random 32B-dimension checkpoint of this many layers to --model "
-                         "first, if it has none")
-    ap.add_argument("--layers", default="10",
-                    help="comma-separated layer counts to load (each <= the checkpoint's)")
-    ap.add_argument("--modes", default="exact,fast", help="our modes to time, comma-separated")
-    ap.add_argument("--reps", type=int, default=1, help="repetitions of every measurement")
-    ap.add_argument("--device", default="cuda", help="cuda or cpu")
+    ap, flag = bench_parser("startup", startup.__doc__)
+    flag("--model", required=True, help="checkpoint directory (HF format)")
+    flag("--write-layers", type=int, default=None,
+         help="write a random 32B-dimension checkpoint of this many layers to --model "
+              "first, if it has none")
+    flag("--layers", type=None, default="10",
+         help="comma-separated layer counts to load (each <= the checkpoint's)")
+    flag("--modes", default="exact,fast", help="our modes to time, comma-separated")
+    flag("--reps", default=1, help="repetitions of every measurement")
+    flag("--device", default="cuda", help="cuda or cpu")
     ints = lambda s: tuple(int(n) for n in s.split(",") if n)
-    ap.add_argument("--lengths", type=ints, default=LENGTHS,
-                    help="fast mode, CUDA: rows of the calls timed after the first embedding "
-                         "('' for none)")
-    ap.add_argument("--crossover", type=ints, default=CROSSOVER,
-                    help="fast mode, CUDA: rows timed with a graph and without ('' for none)")
-    ap.add_argument("--out", required=True, help="the CSV to write")
+    flag("--lengths", type=ints, default=LENGTHS,
+         help="fast mode, CUDA: rows of the calls timed after the first embedding "
+              "('' for none)")
+    flag("--crossover", type=ints, default=CROSSOVER,
+         help="fast mode, CUDA: rows timed with a graph and without ('' for none)")
+    flag("--out", required=True, help="the CSV to write")
     a = ap.parse_args(argv)
     if a.write_layers and not (Path(a.model) / "config.json").exists():
         from qwen3vl_l50_nbdev.analysis.validate_bench import write_32b_checkpoint

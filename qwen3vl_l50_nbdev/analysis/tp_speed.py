@@ -6,7 +6,6 @@
 __all__ = ['command']
 
 # %% ../../nbs/analysis/05_tp_speed.ipynb #3d53b89b
-import argparse
 import os
 import sys
 from pathlib import Path
@@ -20,41 +19,41 @@ from .tp_bench import bench
 from .tp_report import tp_table
 from .tp_comm import sum_bench, overlap_check, layer_comm_bench
 from .tp_profile import profile_bench
+from .bench import bench_parser
 
 # %% ../../nbs/analysis/05_tp_speed.ipynb #b498ee2a
 def command(argv=None) -> int:
     ("`torchrun --nproc_per_node 2 -m qwen3vl_l50_nbdev.analysis tp [--full]`: the benchmark on 1 "
      "or 2 ranks; rank 0 writes the CSV with provenance.")
-    p = argparse.ArgumentParser(prog="torchrun --nproc_per_node 2 -m qwen3vl_l50_nbdev.analysis tp",
-                                description=command.__doc__)
+    p, flag = bench_parser("tp", command.__doc__,
+                           prog="torchrun --nproc_per_node 2 -m qwen3vl_l50_nbdev.analysis tp")
     ints = lambda s: tuple(int(x) for x in s.split(","))
-    p.add_argument("--full", action="store_true",
-                   help="Qwen3-VL-32B dimensions, NCCL on GPUs (default: tiny, gloo)")
-    p.add_argument("--layers", type=int, default=None,
-                   help="decoder layers (default: 50 with --full, else 3)")
-    p.add_argument("--tokens", type=ints, default=None,
-                   help="prompt lengths (default: 128,512,2048; tiny: 32,100)")
-    p.add_argument("--fast-tokens", type=ints, default=None,
-                   help="more lengths for the fast-mode rows only (default: 8192 with --full, else "
-                        "none)")
-    p.add_argument("--fp8-tokens", type=ints, default=None,
-                   help="lengths of the FP8 rows (default: 2048; tiny: 100)")
-    p.add_argument("--fp8-reduce", default="fp32", choices=REDUCE_MODES,
-                   help="the FP8 rows' reduction at TP 2")
-    p.add_argument("--reps", type=int, default=5,
-                   help="timed calls per row (the median is reported)")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--out", default=None,
-                   help="CSV (default: nbs/analysis/data/tp_speed_<h200|cpu>.csv)")
-    p.add_argument("--commit", default=None,
-                   help="commit to record (default: the package's own, git_commit)")
-    p.add_argument("--layer-comm", action="store_true",
-                   help="only layer_comm_bench (2 GPUs), to layer_comm_h200.csv")
-    p.add_argument("--overlap-check", action="store_true",
-                   help="only overlap_check (2 GPUs), to overlap_check_h200.csv")
-    p.add_argument("--profile", action="store_true",
-                   help="only profile_bench (fast mode, TP 1 and 2; lengths 128,2048,8192), to "
-                        "profile_h200.csv")
+    flag("--full",
+         help="Qwen3-VL-32B dimensions, NCCL on GPUs (default: tiny, gloo)")
+    flag("--layers", default=None,
+         help="decoder layers (default: 50 with --full, else 3)")
+    flag("--tokens", type=ints, default=None,
+         help="prompt lengths (default: 128,512,2048; tiny: 32,100)")
+    flag("--fast-tokens", type=ints, default=None,
+         help="more lengths for the fast-mode rows only (default: 8192 with --full, else "
+              "none)")
+    flag("--fp8-tokens", type=ints, default=None,
+         help="lengths of the FP8 rows (default: 2048; tiny: 100)")
+    flag("--fp8-reduce", default="fp32", choices=REDUCE_MODES,
+         help="the FP8 rows' reduction at TP 2")
+    flag("--reps", default=5,
+         help="timed calls per row (the median is reported)")
+    flag("--seed")
+    flag("--out",
+         help="CSV (default: nbs/analysis/data/tp_speed_<h200|cpu>.csv)")
+    flag("--commit")
+    flag("--layer-comm", action="store_true",
+         help="only layer_comm_bench (2 GPUs), to layer_comm_h200.csv")
+    flag("--overlap-check", action="store_true",
+         help="only overlap_check (2 GPUs), to overlap_check_h200.csv")
+    flag("--profile", action="store_true",
+         help="only profile_bench (fast mode, TP 1 and 2; lengths 128,2048,8192), to "
+              "profile_h200.csv")
     a = p.parse_args(argv)
     if a.full and not torch.cuda.is_available():
         raise SystemExit("--full needs CUDA devices (one per rank)")

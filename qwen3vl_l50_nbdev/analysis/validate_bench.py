@@ -99,12 +99,12 @@ def gpu_bench(ckpt, out, layers: int = 10) -> dict:
 def command(argv=None) -> int:
     ("`python -m qwen3vl_l50_nbdev.analysis validate --gpu-bench CKPT --out DIR`: the H200 "
      "measurement.")
-    import argparse
-    ap = argparse.ArgumentParser(prog="python -m qwen3vl_l50_nbdev.analysis validate")
-    ap.add_argument("--gpu-bench", required=True, metavar="CKPT",
-                    help="checkpoint dir (written there if missing)")
-    ap.add_argument("--out", required=True, help="the report directory")
-    ap.add_argument("--layers", type=int, default=10)
+    from qwen3vl_l50_nbdev.analysis.bench import bench_parser
+    ap, flag = bench_parser("validate")
+    flag("--gpu-bench", required=True, metavar="CKPT",
+         help="checkpoint dir (written there if missing)")
+    flag("--out", required=True, help="the report directory")
+    flag("--layers", default=10)
     a = ap.parse_args(argv)
     gpu_bench(a.gpu_bench, a.out, a.layers)
     return 0

@@ -318,12 +318,14 @@ def validate(model,                          # checkpoint directory (HF format)
     return df, v
 
 # %% ../../nbs/14_validate.ipynb #ae35fd1e
-def run_validate(a, perturb=None) -> int:
-    ("`qwen3vl-l50 validate` with the parsed options `a`, on every rank: the verdicts printed "
-     "(rank 0), exit code 1 when a variant is outside its contract, the same on every rank.")
-    res = validate(a.model, a.prompts, a.out, a.layer, a.tp, a.reduce, a.quant, a.fp8_granularity,
-                   a.mode,
-                   a.ref_dtype, a.device, a.max_pixels, perturb)
+def run_validate(model, prompts, out, layer: int | None = None, tp="1", reduce="fp32",
+                 quant="none", fp8_granularity="channel", mode="exact", ref_dtype: str = "fp32",
+                 device=None, max_pixels: int | None = None, perturb=None) -> int:
+    ("`qwen3vl-l50 validate` on every rank, its options as keywords (`validate`'s arguments): the "
+     "verdicts printed (rank 0), exit code 1 when a variant is outside its contract, the same on "
+     "every rank.")
+    res = validate(model, prompts, out, layer, tp, reduce, quant, fp8_granularity, mode,
+                   ref_dtype, device, max_pixels, perturb)
     rc = 0
     if res is not None:
         df, v = res
@@ -335,7 +337,7 @@ def run_validate(a, perturb=None) -> int:
                                          f"{r.worst_prompts}")
         print(("PASS: every variant within the numerics contract" if bad.empty else
                f"FAIL: {len(bad)} of {len(v)} variant(s) outside the "
-               "contract") + f"; report in {a.out}/report.html")
+               "contract") + f"; report in {out}/report.html")
         rc = 0 if bad.empty else 1
     if dist.is_initialized() and dist.get_world_size() > 1:
         box = [rc]; dist.broadcast_object_list(box, src=0); rc = box[0]
