@@ -355,7 +355,7 @@ def test_cache_inside_out_and_a_full_disk(ckpt, mixed, tmp_path):
 
 _HOOK = '''import os, time
 if os.environ.get("RANK") == os.environ.get("FAIL_RANK"):   # this rank's shards fail: a stand-in for a lost GPU
-    import qwen3vl_l50_nbdev.dataset as d
+    import qwen3vl_l50_nbdev.dataset.shards as d
     def write_shard(*a, **k):
         open(os.environ["FAIL_AT"], "w").write(repr(time.time()))
         raise ValueError(f"rank {os.environ['RANK']} cannot go on: its device is lost")
