@@ -3,6 +3,7 @@ import only what they need (counted in fresh processes)."""
 import ast
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -253,7 +254,7 @@ def _rows(text: str, head: str) -> list[list[str]]:
     rows = []
     for line in lines[start + 2:]:
         if not line.startswith("|"): break
-        rows.append([c.strip() for c in line.strip().strip("|").split("|")])
+        rows.append([c.strip() for c in re.split(r"(?<!\\)\|", line.strip()[1:-1])])   # `\|` is a cell's own
     return rows
 
 
