@@ -8,11 +8,11 @@ __all__ = ['NotMember', 'copy_rows', 'HostCopy', 'Encoder', 'check_inputs', 'as_
 # %% ../nbs/08_encoder.ipynb #d0b65198
 import contextlib
 import time
-from typing import Iterable, TYPE_CHECKING
+from typing import Iterable
 import torch
 import torch.nn as nn
 from fastcore.basics import patch
-from .config import EncoderConfig
+from .config import EncoderConfig, checkpoint_dir
 from .dist import Group, encoder_group
 from .settings import Numerics, check_option, dtype_name
 from .model.tp import projections_on_meta
@@ -32,8 +32,6 @@ from .quant.fp8 import quantize_model_
 from .runners import no_graphs, exact_runners
 # the input checks, exported here too (`encoder.check_inputs`, `encoder.as_prompt`)
 from .inputs.checks import check_inputs, as_prompt  # noqa: F401
-# fast mode's config names an annotation only: exact mode imports nothing of fast mode
-if TYPE_CHECKING: from qwen3vl_l50_nbdev.fast.apply import FastConfig
 from .weights.offload import (check_offload, CpuOffload, LayerwiseOffload,
                                                pinning_behind)
 _all_ = ["check_inputs", "as_prompt"]
@@ -149,7 +147,7 @@ class Encoder(nn.Module):
     is_loaded = True   # this rank holds weights (a `NotMember` holds none)
     def __init__(self, cfg: EncoderConfig, group: Group | None = None, reduce: str = "fp32",
                  dtype=torch.bfloat16, device=None, mode: str = "exact",
-                 fast: "FastConfig | None" = None):
+                 fast=None):   # fast mode's `fast.apply.FastConfig` (exact mode imports none of it)
         super().__init__()
         self.cfg, self.group = cfg, group or Group.local()
         self.dtype, self.mode = dtype, check_option("mode", mode)
@@ -186,10 +184,11 @@ def from_pretrained(cls: Encoder,
                     mode: str = "exact",   # "exact": HF's bits; "fast": fused kernels and graphs
                     offload: str | None = None,        # None, "cpu" or "layerwise"
                     ring: int = 2,                     # layerwise offload's device buffers
-                    # fast mode's settings (default `FastConfig()`)
-                    fast: "FastConfig | None" = None,
+                    # fast mode's settings, a `fast.apply.FastConfig` (default `FastConfig()`)
+                    fast=None,
                    ) -> Encoder:   # this rank's encoder; outside the group a `NotMember`
     "Load a checkpoint onto the encoder group; fast mode on CUDA is warmed up (`fast.warmup`)."
+    path = checkpoint_dir(path)   # its config.json read once, by whoever asks first
     # the numerics keywords are `settings.Numerics`' fields, checked by making one
     dtype = Numerics(dtype_name(dtype), reduce, quant, fp8_granularity, fp8_act, mode).torch_dtype
     _check_placement(offload, mode, ring)

@@ -280,3 +280,23 @@ def test_readme_map():
     listed = sorted(r[0].strip("`") for r in _rows(text, "notebook"))
     assert listed == nbs, f"notebooks missing from the README: {sorted(set(nbs) - set(listed))}; " \
                           f"listed but gone: {sorted(set(listed) - set(nbs))}"
+
+
+def test_encode_prompt_reads_config_once(tmp_path):
+    ("One command, one read of the checkpoint's config.json: exact `encode --prompt` passes one `CheckpointDir` to the "
+     "processor, the encoder and the loader's checks (counted in a fresh process).")
+    from qwen3vl_l50_nbdev.config import tiny
+    from qwen3vl_l50_nbdev.inputs import with_qwen_vocab
+    from qwen3vl_l50_nbdev.tiny import make_tiny_checkpoint
+    ckpt = make_tiny_checkpoint(tmp_path / "m", with_qwen_vocab(tiny(selected_layer=2)))
+    argv = ["encode", "--model", str(ckpt), "--layer", "2", "--prompt", "a harbour at dawn", "--out",
+            str(tmp_path / "h.safetensors")]
+    code = ("import builtins, io, json, sys\nopened, _open = [], io.open\n"
+            "def counting(f, *a, **k):\n    opened.append(str(f)); return _open(f, *a, **k)\n"
+            "builtins.open = io.open = counting\n"
+            f"from qwen3vl_l50_nbdev.cli import main\nassert main({argv!r}) == 0\n"
+            f"print(json.dumps([f for f in opened if f == {str(ckpt / 'config.json')!r}]))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, cwd=PKG.parent,
+                         env=os.environ | {"PYTHONPATH": str(PKG.parent), "OMP_NUM_THREADS": "1"})
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert len(json.loads(out.stdout.splitlines()[-1])) == 1, out.stdout[-500:]

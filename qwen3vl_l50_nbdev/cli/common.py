@@ -10,9 +10,10 @@ from pathlib import Path
 from ..settings import Numerics
 
 # %% ../../nbs/12b_cli_common.ipynb #580da9f8
-def _load_inputs(a, cfg) -> list[dict]:
-    ("The prompt (`--prompt`, `--image`, `--video`, through `inputs.Processor`), each inputs file, "
-     "or synthetic inputs; checked against `cfg` (`encoder.as_prompt`) before anything is loaded.")
+def _load_inputs(a, cfg, model=None) -> list[dict]:
+    ("The prompt (`--prompt`, `--image`, `--video`, through the `inputs.Processor` of `model`, "
+     "default `--model`), each inputs file, or synthetic inputs; checked against `cfg` "
+     "(`inputs.checks.as_prompt`) before anything is loaded.")
     from qwen3vl_l50_nbdev.inputs.checks import as_prompt
     from qwen3vl_l50_nbdev.inputs.processor import Processor
     from qwen3vl_l50_nbdev.tiny import synthetic_inputs
@@ -21,8 +22,9 @@ def _load_inputs(a, cfg) -> list[dict]:
             raise ValueError("--inputs and --prompt/--image/--video: give one or the other")
         if a.prompt is None:
             raise ValueError('--image and --video go with --prompt TEXT (--prompt "" for none)')
-        x = Processor.from_pretrained(a.model)(a.prompt, images=a.image or (), videos=a.video or (),
-                                               template=a.template == "chat")
+        proc = Processor.from_pretrained(model or a.model)
+        x = proc(a.prompt, images=a.image or (), videos=a.video or (),
+                 template=a.template == "chat")
         return [as_prompt(cfg, **x)]
     if a.inputs is None: return [synthetic_inputs(cfg)]
     return [_load_one(p, cfg) for p in ([a.inputs] if isinstance(a.inputs, str) else a.inputs)]
@@ -50,13 +52,14 @@ def _load_one(path, cfg) -> dict:
     return as_prompt(cfg, **d)
 
 # %% ../../nbs/12b_cli_common.ipynb #3d3d4e1d
-def _encoder(a, dev, kinds=True):
-    ("The encoder of `--model` with the numerics options of `a` (`settings.Numerics`); fast mode "
-     "warmed up for `kinds` of call (`FastConfig.warmup`: True every kind).")
+def _encoder(a, dev, kinds=True, model=None):
+    ("The encoder of `model` (default `--model`) with the numerics options of `a` "
+     "(`settings.Numerics`); fast mode warmed up for `kinds` of call (`FastConfig.warmup`: True "
+     "every kind).")
     from qwen3vl_l50_nbdev.encoder import Encoder
     numerics, fast = Numerics.from_args(a), None
     if numerics.mode == "fast":
         from qwen3vl_l50_nbdev.fast.apply import FastConfig
         fast = FastConfig(warmup=kinds)
-    return Encoder.from_pretrained(a.model, selected_layer=a.layer, device=dev, fast=fast,
+    return Encoder.from_pretrained(model or a.model, selected_layer=a.layer, device=dev, fast=fast,
                                    **numerics.kwargs())

@@ -26,14 +26,16 @@ def cmd_encode(a):
      "packed call (`hidden_states.0`, `hidden_states.1`, ... in order). The output and the inputs "
      "are checked first.")
     import torch
-    from qwen3vl_l50_nbdev.config import EncoderConfig
+    from qwen3vl_l50_nbdev.config import EncoderConfig, checkpoint_dir
     from qwen3vl_l50_nbdev.dist import init_world, is_rank0, agree
     from qwen3vl_l50_nbdev.files import check_apart, write_out
     dev = init_world(a.device)
     # only rank 0 writes: its view of --out decides
     agree(lambda: check_apart(a.out, _input_files(a)))
-    xs = _load_inputs(a, EncoderConfig.from_hf(a.model, a.layer))
-    enc = _encoder(a, dev, _warmups(xs))   # fast mode: only what these inputs need is compiled
+    ck = checkpoint_dir(a.model)   # its config.json read once, for the processor and the encoder
+    xs = _load_inputs(a, EncoderConfig.from_hf(ck, a.layer), ck)
+    # fast mode: only what these inputs need is compiled
+    enc = _encoder(a, dev, _warmups(xs), ck)
     hs = [enc.encode(**xs[0])] if len(xs) == 1 else enc.encode_batch(xs)
     names = ["hidden_states"] if len(hs) == 1 else [f"hidden_states.{i}" for i in range(len(hs))]
     # the same on every rank: the states are replicated

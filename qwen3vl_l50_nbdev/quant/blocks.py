@@ -18,8 +18,7 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 from fastcore.basics import patch
-from ..config import EncoderConfig, tiny
-from ..files import path_exists, read_json
+from ..config import EncoderConfig, tiny, checkpoint_dir
 from .fp8 import FP8, FP8_MAX
 
 # %% ../../nbs/09a_fp8_blocks.ipynb #662cea15
@@ -265,5 +264,5 @@ def checkpoint_format(path,  # an HF-format checkpoint directory
                      ) -> BlockFp8 | None:
     ("The `BlockFp8` format that checkpoint directory `path` declares in config.json, or None "
      "(unquantized, or none).")
-    f = Path(path) / "config.json"
-    return block_format(read_json(f), str(f)) if path_exists(f) else None
+    ck = checkpoint_dir(path)   # config.json as read before, if it was
+    return block_format(ck.config, str(ck / "config.json")) if ck.has_config else None

@@ -14,7 +14,7 @@ from collections import defaultdict
 from pathlib import Path
 from typing import NamedTuple
 from safetensors import safe_open, SafetensorError
-from ..config import is_int
+from ..config import is_int, checkpoint_dir
 from ..files import path_exists, read_json
 from ..quant.blocks import block_format, check_scales, scale_name, checkpoint_format
 
@@ -31,9 +31,11 @@ class Entry(NamedTuple):
 def _config_json(path: Path, selected_layer: int) -> dict:
     ("`config.json`, checked: unquantized or block FP8 (`fp8_blocks.block_format`), at least "
      "`selected_layer` layers.")
-    if not path_exists(f := path / "config.json"):
+    ck = checkpoint_dir(path)
+    f = ck / "config.json"
+    if not ck.has_config:
         raise FileNotFoundError(f"no config.json in {path}: pass an HF checkpoint directory")
-    d = read_json(f)
+    d = ck.config
     block_format(d, str(f))   # a quantization we cannot load raises here, naming the field
     n = (d.get("text_config") or {}).get("num_hidden_layers", selected_layer)
     if is_int(n) and n < selected_layer:
@@ -183,7 +185,8 @@ class CheckpointIndex(NamedTuple):
 def checkpoint_index(path) -> CheckpointIndex:
     ("The `CheckpointIndex` of HF checkpoint directory `path`: its index read once, every header "
      "checked.")
+    fmt = checkpoint_format(path)   # a `CheckpointDir`'s config.json as read
     path = Path(path)
-    fmt, wm = checkpoint_format(path), _weight_map(path)
+    wm = _weight_map(path)
     files = _files(path, wm)
     return CheckpointIndex(_pair_scales(_headers(files, wm), fmt), wm, files, fmt)

@@ -109,7 +109,7 @@ def _missing_message(missing: list[str], want: dict[str, Target]) -> str:
 def check_checkpoint(path, model: nn.Module) -> dict[str, Entry]:
     ("Check an HF checkpoint dir against `model` from `config.json` and the headers; "
      "return the `Entry` of each tensor to load.")
-    path, N = Path(path), _depth(model)
+    N = _depth(model)
     _config_json(path, N)   # a quantization we cannot load, too few layers: said first
     entries = checkpoint_index(path).entries
     layer = _regex("model.language_model.layers.{i}.{rest}")
