@@ -48,8 +48,6 @@ class Numerics:
     mode: str = "exact"               # exact: transformers' bits | fast
 
     def __post_init__(self):
-        # the comma lists' spelling
-        if self.quant == "none": object.__setattr__(self, "quant", None)
         for f in fields(self): check_option(f.name, getattr(self, f.name))
 
     @property

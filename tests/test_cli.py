@@ -502,5 +502,5 @@ def test_validate_calls_run_validate_with_keywords(monkeypatch, tmp_path):
             str(tmp_path / "r"), "--device", "cpu", "--tp", "1", "--mode", "exact,fast", "--layer", "3"]
     assert main(argv) == 0
     assert got == [dict(model=str(tmp_path / "m"), prompts=str(tmp_path / "p.jsonl"), out=str(tmp_path / "r"),
-                        layer=3, tp="1", reduce="fp32", quant="none", fp8_granularity="channel", mode="exact,fast",
-                        ref_dtype="fp32", device="cpu", max_pixels=None)], got
+                        layer=3, tp=[1], reduce=["fp32"], quant=[None], fp8_granularity=["channel"],
+                        mode=["exact", "fast"], ref_dtype="fp32", device="cpu", max_pixels=None)], got

@@ -13,9 +13,10 @@ from qwen3vl_l50_nbdev.cli import main, parser
 from qwen3vl_l50_nbdev.cli.validate import validate_kwargs
 from qwen3vl_l50_nbdev.check import validate as V
 from qwen3vl_l50_nbdev.check import report as R
-from qwen3vl_l50_nbdev.check.contract import Variant
+from qwen3vl_l50_nbdev.check.contract import HF_COLUMNS, Variant
 from qwen3vl_l50_nbdev.check.hf import Checkpoint
 from qwen3vl_l50_nbdev.inputs.pixels import sample_photo
+from qwen3vl_l50_nbdev.settings import Numerics
 
 ENV = os.environ | {"OMP_NUM_THREADS": "1"}
 CLI = [sys.executable, "-m", "qwen3vl_l50_nbdev.cli"]
@@ -84,7 +85,7 @@ def test_tp_1_and_2_on_gloo(ckpt, prompts, tmp_path):
 def test_verdict_paths_in_process(ckpt, prompts, tmp_path, capsys):
     "A layer made deliberately wrong: exact names its first differing layer, fast fails 1.1x; FP8 passes; exit 1."
     def wrong(enc, v):
-        if v.quant == "none": enc.text.layers[2].mlp.down_proj.weight.data.mul_(1.5)
+        if v.numerics.quant is None: enc.text.layers[2].mlp.down_proj.weight.data.mul_(1.5)
     a = args(ckpt, prompts, tmp_path / "bad", mode="exact,fast", quant="none,fp8")
     assert V.run_validate(**validate_kwargs(a), perturb=wrong) == 1
     out = capsys.readouterr().out
@@ -96,20 +97,20 @@ def test_verdict_paths_in_process(ckpt, prompts, tmp_path, capsys):
     assert (tmp_path / "bad" / "report.html").read_text().count('class="fail">FAIL') == 2
 
 
-def _rows(variant: Variant, rels: dict, bitwise: bool = True) -> list[dict]:
-    "Output rows of `variant` with rel L2 `rels[prompt]`."
-    name = R.HF_BF16 if variant.mode == "hf" else variant.name
-    return [dict(variant=name, **variant._asdict(), prompt=p, kind="output", layer=3, rel_l2=x, cosine=1.0,
+def _rows(variant: Variant | None, rels: dict, bitwise: bool = True) -> list[dict]:
+    "Output rows of `variant` (None: HF bf16's) with rel L2 `rels[prompt]`."
+    name, cols = (R.HF_BF16, HF_COLUMNS) if variant is None else (variant.name, variant.columns())
+    return [dict(variant=name, **cols, prompt=p, kind="output", layer=3, rel_l2=x, cosine=1.0,
                  max_abs=0.1, bitwise_hf=bitwise, max_abs_hf=0.0, time_s=0.01, peak_gib=1.0) for p, x in rels.items()]
 
 
-@pytest.mark.parametrize("variant,bound", [(Variant(mode="fast"), 1.1), (Variant(2, "fp32"), 1.25),
-                                           (Variant(2, "bf16", mode="fast"), 1.25),
-                                           (Variant(quant="fp8", granularity="tensor"), 16),
-                                           (Variant(4, "fp32", "fp8", "channel", "fast"), 16)])
+@pytest.mark.parametrize("variant,bound", [(Variant(1, Numerics(mode="fast")), 1.1), (Variant(2, Numerics()), 1.25),
+                                           (Variant(2, Numerics(reduce="bf16", mode="fast")), 1.25),
+                                           (Variant(1, Numerics(quant="fp8", fp8_granularity="tensor")), 16),
+                                           (Variant(4, Numerics("bf16", "fp32", "fp8", "channel", mode="fast")), 16)])
 def test_every_rule_at_its_bound(variant, bound):
     "Each rule passes just inside its bound and fails just outside, naming the worst prompt; exact: the bits."
-    hf = _rows(Variant(mode="hf"), dict(a=0.01, b=0.02))
+    hf = _rows(None, dict(a=0.01, b=0.02))
     for x, ok in ((0.999 * bound, True), (1.001 * bound, False)):   # b is well inside: a decides, and is named
         v = R.verdicts(pd.DataFrame(hf + _rows(variant, dict(a=0.01 * x, b=0.02))))
         assert v.passed.tolist() == [ok] and v.worst_prompts[0].startswith(f"a ({x:.2f}x)"), (x, v)

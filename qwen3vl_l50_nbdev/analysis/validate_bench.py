@@ -13,7 +13,7 @@ import sys
 import time
 from pathlib import Path
 import torch
-from ..check.contract import Variant
+from ..settings import Numerics
 from ..check.validate import validate
 
 # %% ../../nbs/analysis/08_validate_bench.ipynb #edf9d4f4
@@ -83,8 +83,7 @@ def gpu_bench(ckpt, out, layers: int = 10) -> dict:
     cmd = " ".join(["python -m qwen3vl_l50_nbdev.analysis validate",
                     *map(shlex.quote, sys.argv[1:])])
     df, v = validate(ckpt, prompts, out, command=cmd,
-                     only=[Variant(), Variant(mode="fast"),
-                           Variant(quant="fp8", granularity="channel")])
+                     only=[Numerics(), Numerics(mode="fast"), Numerics(quant="fp8")])
     wall = time.perf_counter() - t1
     s = dict(checkpoint_write_s=round(t_write, 1), validate_wall_s=round(wall, 1),
              reference_s=round(df.ref_seconds.iloc[0], 1),

@@ -29,8 +29,8 @@ def load_results(path) -> pd.DataFrame:
 
 # %% ../../nbs/13a_validate_report.ipynb #382c3444
 def _variant_of(g: pd.DataFrame) -> Variant:
-    r = g.iloc[0]
-    return Variant(int(r.tp), r["reduce"], r.quant, r.granularity, r["mode"])
+    "The variant of a variant's rows (`Variant.from_columns` of its first)."
+    return Variant.from_columns(g.iloc[0])
 
 def verdicts(df: pd.DataFrame, worst: int = 3) -> pd.DataFrame:
     ("One row per variant: its rule, bound, worst and median ratio to HF bf16's own output error, "
