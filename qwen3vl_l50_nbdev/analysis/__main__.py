@@ -16,8 +16,8 @@ import torch.distributed as dist
 from ..config import qwen3vl_32b
 from ..dist import init_world
 from ..settings import REDUCE_MODES
-from .weights import (QUANTS, Massive, massive_channels, make_prompts,
-                                                 small_config)
+from .weights import (QUANT_SPECS, Massive, massive_channels,
+                                                 make_prompts, small_config)
 from .sweep import sweep
 from .report import (WRITE_ENV, error_table, provenance, stored_runs,
                                                 write_csv)
@@ -39,7 +39,7 @@ def _parser() -> argparse.ArgumentParser:
          help="comma list of text,image,video (default: text,image full; all three small)")
     flag("--tp", default=None, help="comma list of TP sizes (default: 1 and the world size)")
     flag("--reduce", default=",".join(REDUCE_MODES), help="reduction modes at TP>1")
-    flag("--quant", default="none", help=f"comma list of {','.join(QUANTS)}")
+    flag("--quant", default="none", help=f"comma list of {','.join(QUANT_SPECS)}")
     flag("--quant-reduce", default="fp32", help="reduction modes for the FP8 variants at TP>1")
     flag("--massive", default="off,on",
          help="without (off) and/or with (on) the synthetic massive activations")

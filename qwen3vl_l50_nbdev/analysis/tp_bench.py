@@ -38,7 +38,8 @@ class Variant(NamedTuple):
     impl: str     # "ours", or "hf": transformers' eager model, at tp 2 split by PyTorch's TP
     tp: int
     reduce: str   # "none" at tp 1; HF's DTensor all-reduce is in the activations' dtype: "bf16"
-    quant: str    # "none" or "fp8-<weight scales>-<activation scales>" (as analysis.weights.QUANTS)
+    # "none" or "fp8-<weight scales>-<activation scales>" (as analysis.weights.QUANT_SPECS)
+    quant: str
     mode: str     # ours: "exact" | "fast" | a `COMM_MODES` variant of fast at TP 2; HF: "eager"
 
 # %% ../../nbs/analysis/05a_tp_bench.ipynb #26fbcbdd
