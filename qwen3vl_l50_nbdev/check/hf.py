@@ -84,7 +84,7 @@ def hf_layer_states(path, inputs: dict, selected_layer: int, dtype=torch.float32
 class Checkpoint:
     ("The checkpoint's tensors by name (headers read and checked once): `read(prefix, names)` from "
      "the safetensors; a block-FP8 checkpoint's weights dequantized (`fmt`: its "
-     "`fp8_blocks.BlockFp8`, else None).")
+     "`quant.blocks.BlockFp8`, else None).")
     def __init__(self, path):
         self.path = Path(path)
         ix = checkpoint_index(self.path)   # the loader's reader of the index and headers

@@ -297,7 +297,7 @@ class SymmetricFp8RowParallelLinear(SymmetricSum, Fp8RowParallelLinear):
 
 # %% ../../nbs/08c_fast_layers.ipynb #ba3b67ff
 class SymmetricBlockFp8RowParallelLinear(SymmetricSum, BlockFp8RowParallelLinear):
-    "`fp8_blocks.BlockFp8RowParallelLinear` summing through `sums`."
+    "`quant.blocks.BlockFp8RowParallelLinear` summing through `sums`."
 
 # %% ../../nbs/08c_fast_layers.ipynb #fcbe0675
 class WindowedRowParallelLinear(SymmetricSum, RowParallelLinear):

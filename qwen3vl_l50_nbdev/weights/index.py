@@ -29,7 +29,7 @@ class Entry(NamedTuple):
 
 # %% ../../nbs/06c_checkpoint_index.ipynb #236ef9a9
 def _config_json(path: Path, selected_layer: int) -> dict:
-    ("`config.json`, checked: unquantized or block FP8 (`fp8_blocks.block_format`), at least "
+    ("`config.json`, checked: unquantized or block FP8 (`quant.blocks.block_format`), at least "
      "`selected_layer` layers.")
     ck = checkpoint_dir(path)
     f = ck / "config.json"
@@ -135,8 +135,8 @@ def checkpoint_fingerprint(path, files=None) -> str:
 # %% ../../nbs/06c_checkpoint_index.ipynb #d1413650
 def _pair_scales(entries: dict[str, Entry], fmt) -> dict[str, Entry]:
     ("`entries` with each FP8 weight's `weight_scale_inv` attached to it (checked: dtype, shape, "
-     "one per weight) and the scales dropped; `fmt`: the config's `fp8_blocks.BlockFp8`, or None, "
-     "and then no FP8 tensor may be there.")
+     "one per weight) and the scales dropped; `fmt`: the config's `quant.blocks.BlockFp8`, or "
+     "None, and then no FP8 tensor may be there.")
     f8 = {k for k, e in entries.items() if e.dtype.startswith("F8")}
     scales = {k for k in entries if k.endswith("_scale_inv") or k.endswith(".weight_scale")}
     at = lambda k: f"{k} ({entries[k].dtype} in {entries[k].file.name})"
@@ -179,7 +179,7 @@ class CheckpointIndex(NamedTuple):
     entries: dict[str, Entry]
     weight_map: dict | None     # model.safetensors.index.json's weight map, None without an index
     files: list[Path]           # the safetensors files
-    fmt: object                 # config.json's `fp8_blocks.BlockFp8`, None when unquantized
+    fmt: object                 # config.json's `quant.blocks.BlockFp8`, None when unquantized
 
 # %% ../../nbs/06c_checkpoint_index.ipynb #01255570
 def checkpoint_index(path) -> CheckpointIndex:
