@@ -80,10 +80,10 @@ def sections(nbs=None):
             ("Harness", [nb for nb in ana if nb.stem in HARNESS])]
 
 def default_exp(nb):
-    "The module a notebook exports to (`#| default_exp cli` -> `cli`), or None."
+    "The module a notebook exports to (`#| default_exp cli` -> `cli`; a package's `cli.__init__` -> `cli`), or None."
     for c in json.loads(Path(nb).read_text(encoding="utf-8"))["cells"]:
         m = c["cell_type"] == "code" and re.search(r"^\s*#\|\s*default_exp\s+(\S+)", "".join(c["source"]), re.M)
-        if m: return m.group(1)
+        if m: return m.group(1).removesuffix(".__init__")
 
 def page_of(nb, nbs=None):
     "The page nbdev gives a notebook, relative to the site root: nbs/02_tp.ipynb -> tp.html (as in _modidx.py)."
@@ -528,8 +528,7 @@ def build(out=SITE, jobs=2, quiet=False):
 
     conv = {pages[Path(p["path"]).resolve()]: (p, *to_myst(p)) for p in procs}
     for mod, proc in helps:   # the CLI page opens with the program's help, after the title
-        page = next((pages[nb.resolve()] for nb in nb_list
-                     if (default_exp(nb) or "").removesuffix(".__init__") == mod.split(".", 1)[-1]), None)
+        page = next((pages[nb.resolve()] for nb in nb_list if default_exp(nb) == mod.split(".", 1)[-1]), None)
         try: text = help_md(finish_help(proc))
         except RuntimeError as e: failed.append(mod); print(f"error: {e}", file=sys.stderr); continue
         if page in conv:

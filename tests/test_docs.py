@@ -218,8 +218,7 @@ def test_one_table_per_show_doc(site):
 def test_cli_page_opens_with_help(site):
     "The CLI page opens with the program's --help, then each command's (epilog and examples included)."
     (prog, mod, _), = build.console_scripts()
-    exp = lambda nb: (build.default_exp(nb) or "").removesuffix(".__init__")   # a package's page: its __init__
-    nb = next(nb for nb in build.notebooks() if exp(nb) == mod.split(".", 1)[1])
+    nb = next(nb for nb in build.notebooks() if build.default_exp(nb) == mod.split(".", 1)[1])
     page = check.Page(site / build.page_of(nb))
     text = re.sub(r"\s+", " ", "".join(page.text))
     cmds = [h.split(" ", 1)[1] for h in page.heads if h.startswith(f"{prog} ")]

@@ -135,8 +135,7 @@ def test_math_in_browser(site, probe_site):
 def test_cli_page_in_browser(site, probe_site):
     "The CLI page opens with the program's usage, above everything else on the page."
     (prog, mod, _), = build.console_scripts()
-    exp = lambda nb: (build.default_exp(nb) or "").removesuffix(".__init__")   # a package's page: its __init__
-    nb = next(nb for nb in build.notebooks() if exp(nb) == mod.split(".", 1)[1])
+    nb = next(nb for nb in build.notebooks() if build.default_exp(nb) == mod.split(".", 1)[1])
     page = build.page_of(nb)
     seen = probe(probe_site, page)
     assert seen["wide"] <= 0, seen["wide"]
