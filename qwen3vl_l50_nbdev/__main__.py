@@ -7,7 +7,8 @@ __all__ = []
 
 # %% ../nbs/12k_main.ipynb #a0b5aa26
 #| eval: false
-import sys
-from .cli import main
+import runpy
 
-if __name__ == "__main__": sys.exit(main())
+# the same program as `python -m qwen3vl_l50_nbdev.cli`, run (not imported) with this command line
+if __name__ == "__main__":
+    runpy.run_module("qwen3vl_l50_nbdev.cli", run_name="__main__", alter_sys=True)

@@ -153,7 +153,7 @@ class VisionConfig:
 class CheckpointDir:
     ("A checkpoint directory whose `config.json` is read once, when first asked for (`config`); "
      "`os.fspath`, `str` and `/` treat it as its path, so it goes where a checkpoint path goes.")
-    def __init__(self, path): self.path, self._config = Path(path), None
+    def __init__(self, path): self.path, self._read = Path(path), None   # (config, where) once read
     def __fspath__(self) -> str: return str(self.path)
     def __str__(self) -> str: return str(self.path)
     def __repr__(self) -> str: return f"CheckpointDir({str(self.path)!r})"
@@ -165,17 +165,19 @@ class CheckpointDir:
     @property
     def has_config(self) -> bool:
         "Whether the directory holds a `config.json` (read or not yet)."
-        return self._config is not None or path_exists(self.path / "config.json")
+        return self._read is not None or path_exists(self.path / "config.json")
 
     @property
     def config(self) -> dict:
-        "`config.json` as a dict, read on the first call."
-        if self._config is None:
-            if not path_exists(f := self.path / "config.json"):
-                raise FileNotFoundError(f"no config.json at {f}: pass an HF checkpoint "
-                                        "directory or its config.json")
-            self._config = read_json(f)
-        return self._config
+        "`config.json` as a dict, read on the first call (`_hf_dict`: its checks, its messages)."
+        if self._read is None: self._read = _hf_dict(self.path)
+        return self._read[0]
+
+    @property
+    def where(self) -> str:
+        "The file `config` was read from."
+        self.config   # read, if it was not
+        return self._read[1]
 
 def checkpoint_dir(path) -> CheckpointDir:
     "`path` as a `CheckpointDir`: itself when it is one, so that what it read stays read."
@@ -186,7 +188,7 @@ def _hf_dict(src) -> tuple[dict, str]:
     ("A plain dict and where it came from: a checkpoint dir (or `CheckpointDir`), a config.json "
      "path, a dict, or a `transformers` config.")
     if isinstance(src, dict): return src, "config"
-    if isinstance(src, CheckpointDir): return src.config, str(src / "config.json")
+    if isinstance(src, CheckpointDir): return src.config, src.where
     if isinstance(src, (str, Path)):
         p = Path(src)
         p = p / "config.json" if path_exists(p) and p.is_dir() else p
