@@ -144,6 +144,8 @@ def _bad(tmp_path, text: str):
     ("tp2", "--tp 2 needs 2 ranks but this run has 1: add --nproc 2"),
     ("out-file", "is a file: name a directory"),
     ("out-under-file", "is not writable"),
+    ("out-theirs", "holds results.csv, not written by validate (or changed since): move them away"),
+    ("config", "tensor(s) with the wrong shape: model.language_model.layers.0.mlp.down_proj.weight has shape"),
 ])
 def test_bad_input_stops_first(case, msg, ckpt, prompts, tmp_path, capsys, no_weights):
     "Exit 2 with one line naming what and where, before any weight is read."
@@ -162,13 +164,21 @@ def test_bad_input_stops_first(case, msg, ckpt, prompts, tmp_path, capsys, no_we
     if case == "tp2": kw = dict(tp="2")
     if case == "out-file": out = tmp_path / "file"
     if case == "out-under-file": out = tmp_path / "file" / "report"
+    if case == "out-theirs": out.mkdir(); (out / "results.csv").write_text("my own table")
+    model = ckpt
+    if case == "config":   # config.json disagrees with the weights: said as encode says it, before the reference
+        model = tmp_path / "m"; model.mkdir()
+        for f in ckpt.iterdir(): (model / f.name).symlink_to(f)
+        c = json.loads((ckpt / "config.json").read_text()); c["text_config"]["intermediate_size"] *= 2
+        (model / "config.json").unlink(); (model / "config.json").write_text(json.dumps(c))
     flags = [f"--{k}={v}" for k, v in kw.items()]
-    rc = main(["validate", "--model", str(ckpt), "--prompts", str(p), "--out", str(out), "--max-pixels", "4096",
+    rc = main(["validate", "--model", str(model), "--prompts", str(p), "--out", str(out), "--max-pixels", "4096",
                *flags])
     err = capsys.readouterr().err.strip()
     assert rc == 2 and len(err.splitlines()) == 1 and err.startswith("qwen3vl-l50 validate: error: "), err
     assert msg in err, err
     if not case.startswith("out"): assert not out.exists()   # bad input leaves no --out behind
+    if case == "out-theirs": assert sorted(f.name for f in out.iterdir()) == ["results.csv"]
 
 
 def test_bad_input_once_under_torchrun(ckpt, prompts, tmp_path):
@@ -201,6 +211,7 @@ def test_report_replaced_said_interrupted_marked_full_disk_named(ckpt, prompts, 
      "results.csv that cannot be written is named, and none is left half-written.")
     out = tmp_path / "o"; out.mkdir()
     for f in ("results.csv", "report.html"): (out / f).write_text("an old PASS")
+    V.mark_owned(out, ["results.csv", "report.html"])   # as a run records its report
     def stop(enc, v): raise KeyboardInterrupt
     with pytest.raises(KeyboardInterrupt): V.run_validate(**validate_kwargs(args(ckpt, prompts, out)), perturb=stop)
     assert "replacing the earlier report in" in capsys.readouterr().out

@@ -15,6 +15,7 @@ import threading
 import tempfile
 import subprocess
 from pathlib import Path
+from ..provenance import COMMAND, _this_command
 
 # %% ../../nbs/12c_cli_launch.ipynb #e12e57b1
 def _short(s: str, width: int = 200) -> str:
@@ -62,8 +63,9 @@ def launch(args: list[str], n: int, what: str = "running") -> int:
     argv = [sys.executable, "-c", _TORCHRUN, *argv]
     got = []
     with tempfile.TemporaryDirectory() as d:
-        # this launcher killed: torchrun stops its ranks
-        p = subprocess.Popen(argv, env=os.environ | {"OMP_NUM_THREADS": "1", RC_DIR: d},
+        # this launcher killed: torchrun stops its ranks; they record the command as typed here
+        env = os.environ | {"OMP_NUM_THREADS": "1", RC_DIR: d, COMMAND: _this_command()}
+        p = subprocess.Popen(argv, env=env,
                              preexec_fn=die_with_parent)
         def forward(sig, frame): got.append(sig); p.send_signal(sig)
         old = _on_signals(forward)

@@ -17,6 +17,9 @@ import warnings
 from pathlib import Path
 import torch
 import xxhash
+# the manifest's writer: a missing pyarrow is said when the job starts, not after every batch
+import pyarrow as pa
+import pyarrow.parquet as pq
 from safetensors import SafetensorError
 from safetensors.torch import load_file
 from tqdm.auto import tqdm
@@ -241,8 +244,6 @@ def manifest_rows(items: list[Item], batches: list[list[Item]]) -> dict[str, lis
 def write_manifest(out, items: list[Item], batches: list[list[Item]], prov: dict, job: str):
     ("`out`/manifest.parquet (the `job` in its metadata) and `out`/provenance.json, each written "
      "whole or not at all.")
-    import pyarrow as pa
-    import pyarrow.parquet as pq
     out = Path(out)
     table = pa.table(manifest_rows(items, batches)).replace_schema_metadata({"job": job})
     write_atomic(out / PROVENANCE, lambda t: t.write_text(json.dumps(prov, indent=1) + "\n"))

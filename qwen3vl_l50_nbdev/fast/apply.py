@@ -11,6 +11,7 @@ __all__ = ['OVERLAP_FROM', 'FAST_GRAPH_ROWS', 'WARMUPS', 'CACHE_ENV', 'warmup_ki
 import gc
 import hashlib
 import os
+import tempfile
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -127,8 +128,17 @@ def compile_cache(enc, cfg: FastConfig) -> Path:
 
 # %% ../../nbs/08a_fast.ipynb #64e352fe
 def keep_compiled_in(path: Path) -> Path:
-    "Point inductor's and Triton's caches at `path` for this process (made if missing)."
-    path.mkdir(parents=True, exist_ok=True)
+    ("Point inductor's and Triton's caches at `path` for this process (made if missing), each of "
+     "its directories tried with a file first: a cache that cannot be written is one `ValueError` "
+     "now, not an `OSError` after compiling.")
+    try:
+        for d in (path, path / "triton", path / "warmed"):
+            d.mkdir(parents=True, exist_ok=True)
+            with tempfile.NamedTemporaryFile(dir=d, prefix=".probe-"): pass
+    except OSError as e:
+        raise ValueError(f"the compile cache {path} cannot be written ({e.strerror or e}"
+                         f"{': ' + str(e.filename) if e.filename else ''}): point ${CACHE_ENV} "
+                         "(or FastConfig.cache) at a writable directory") from None
     os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(path)
     os.environ["TRITON_CACHE_DIR"] = str(path / "triton")
     return path

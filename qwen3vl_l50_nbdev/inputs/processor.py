@@ -18,6 +18,7 @@ from fastcore.basics import patch
 from ..config import EncoderConfig
 from ..files import path_exists, read_json
 from .tokenizer import (QWEN_VOCAB, load_tokenizer, qwen_tokenizer,
+                                               read_chat_template,
                                                byte_tokenizer)
 from .pixels import (PixelConfig, IMAGE, VIDEO, load_image, image_pixels,
                                             video_pixels, sample_indices, load_video, _hf_settings)
@@ -91,12 +92,8 @@ def from_pretrained(cls: Processor,
 # %% ../../nbs/11_inputs.ipynb #f0969681
 def _chat_template(p: Path) -> str | None:
     ("The checkpoint's own chat template (chat_template.jinja, chat_template.json, or "
-     "tokenizer_config.json's), if any.")
-    if path_exists(p / "chat_template.jinja"): return (p / "chat_template.jinja").read_text()
-    if path_exists(p / "chat_template.json"):
-        return read_json(p / "chat_template.json").get("chat_template")
-    f = p / "tokenizer_config.json"   # transformers' place for a tokenizer's template
-    return read_json(f).get("chat_template") if path_exists(f) else None
+     "tokenizer_config.json's; of several, the default), if any: `tokenizer.read_chat_template`.")
+    return read_chat_template(p)
 
 # %% ../../nbs/11_inputs.ipynb #111ea84c
 def _text(s, what: str) -> str:

@@ -4,8 +4,8 @@
 
 # %% auto #0
 __all__ = ['QWEN_VOCAB', 'QWEN_SPECIALS', 'PRETOKENIZE', 'ROLES', 'qwen_ranks_file', 'read_ranks', 'Tokenizer', 'byte_alphabet',
-           'render_chat', 'bpe_from_ranks', 'qwen_tokenizer', 'byte_tokenizer', 'in_background', 'FileTokenizer',
-           'load_tokenizer', 'prefetch']
+           'ChatTemplate', 'compile_chat', 'render_chat', 'bpe_from_ranks', 'qwen_tokenizer', 'byte_tokenizer',
+           'in_background', 'FileTokenizer', 'load_tokenizer', 'prefetch', 'read_chat_template']
 
 # %% ../../nbs/10a_tokenizer.ipynb #f0785555
 import os
@@ -143,12 +143,40 @@ def _template(source: str):
     return env.from_string(source)
 
 # %% ../../nbs/10a_tokenizer.ipynb #5dade23a
+class ChatTemplate(str):
+    "A chat template's Jinja source, and the file it came from (`file`, named in its errors)."
+    def __new__(cls, source: str, file: str = "the chat template"):
+        t = super().__new__(cls, source)
+        t.file = file
+        return t
+
+def _where(chat_template: str) -> str:
+    return chat_template.file if isinstance(chat_template, ChatTemplate) else "the chat template"
+
+def compile_chat(chat_template: str):
+    ("`chat_template` compiled (`_template`); a Jinja syntax error as one `ValueError` naming its "
+     "file and line.")
+    import jinja2
+    try: return _template(chat_template)
+    except jinja2.TemplateSyntaxError as e:
+        raise ValueError(f"{_where(chat_template)}: line {e.lineno}: Jinja syntax error: "
+                         f"{e.message}: fix the template, or remove it to use Qwen3-VL's chat "
+                         "format") from None
+
+# %% ../../nbs/10a_tokenizer.ipynb #95b23492
 def render_chat(conversation: list, chat_template: str, add_generation_prompt: bool = False,
                 **special) -> str:
     ("`conversation` (a list of messages) rendered by the Jinja `chat_template` as `transformers` "
-     "renders it, `special` (the special tokens' roles) passed to the template.")
-    return _template(chat_template).render(messages=conversation, tools=None, documents=None,
-                                           add_generation_prompt=add_generation_prompt, **special)
+     "renders it, `special` (the special tokens' roles) passed to the template; a template that "
+     "refuses it (`raise_exception`) or fails on it: one `ValueError` naming its file.")
+    import jinja2
+    t = compile_chat(chat_template)
+    try: return t.render(messages=conversation, tools=None, documents=None,
+                         add_generation_prompt=add_generation_prompt, **special)
+    except jinja2.TemplateError as e:
+        raise ValueError(f"{_where(chat_template)} refused the prompt ({type(e).__name__}: {e}): "
+                         "give a prompt it accepts, fix the template, or use none "
+                         "(--template none)") from None
 
 # %% ../../nbs/10a_tokenizer.ipynb #bd9d54df
 @patch(as_prop=True)
@@ -235,6 +263,8 @@ class FileTokenizer:
         named = {r: conf[r] for r in ROLES if conf.get(r)}
         self.special_tokens_map = {r: t["content"] if isinstance(t, dict) else t
                                    for r, t in named.items()}
+        # special tokens written in the text read as text, as transformers reads them then
+        self.tk.encode_special_tokens = bool(conf.get("split_special_tokens", False))
 
     def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
         return self.tk.encode(text, add_special_tokens=add_special_tokens).ids
@@ -252,6 +282,7 @@ def _auto_tokenizer(p: Path):
         if path_exists(p / "tokenizer.json"): return FileTokenizer(p)
         from transformers import AutoTokenizer
         return AutoTokenizer.from_pretrained(p)
+    except ImportError: raise   # a package missing, not the files: said as such (cli.main)
     except Exception as e:
         raise ValueError(f"{p}: its tokenizer files could not be read ({type(e).__name__}: {e}): "
                          "copy them again from the model, or remove them to use the Qwen "
@@ -284,3 +315,43 @@ def prefetch(path) -> None:
      "errors wait for `load_tokenizer`.")
     try: _PREFETCHED[os.path.realpath(path)] = load_tokenizer(path, background=True)
     except ValueError: pass   # raised again, with the command's context, by load_tokenizer
+
+# %% ../../nbs/10a_tokenizer.ipynb #6b90dd1e
+def _pick(value, f: Path, name: str | None) -> str | None:
+    ("A template entry of file `f`: a string, or a list of {name, template} (the one called "
+     "`name`, else 'default'); else `ValueError`.")
+    if value is None or isinstance(value, str) and name is None: return value
+    if isinstance(value, str): value = [dict(name="default", template=value)]
+    ok = isinstance(value, list) and all(isinstance(t, dict) and isinstance(t.get("name"), str)
+                                         and isinstance(t.get("template"), str) for t in value)
+    if not ok:
+        raise ValueError(f"{f}: chat_template is neither a string nor a list of "
+                         '{"name", "template"} entries: copy the file again from the model')
+    named = {t["name"]: t["template"] for t in value}
+    want = name or "default"
+    if want not in named:
+        raise ValueError(f"{f} has chat templates {sorted(named)} and none called {want!r}: "
+                         f"choose one of them by name{'' if name else ', or add a default'}")
+    return named[want]
+
+# %% ../../nbs/10a_tokenizer.ipynb #04289606
+def _text_of(f: Path) -> str:
+    "File `f` as UTF-8 text; else `ValueError` naming it and the first bad byte."
+    try: return f.read_bytes().decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise ValueError(f"{f} is not UTF-8 (byte {e.object[e.start]:#04x} at offset {e.start}): "
+                         "save it as UTF-8, or copy it again from the model") from None
+
+def read_chat_template(path, name: str | None = None) -> ChatTemplate | None:
+    ("Checkpoint `path`'s own chat template (chat_template.jinja, chat_template.json's, "
+     "tokenizer_config.json's; the one called `name` of several), compiled; None if it has none.")
+    p = Path(path)
+    for file, key in (("chat_template.jinja", None), ("chat_template.json", "chat_template"),
+                      ("tokenizer_config.json", "chat_template")):
+        if not path_exists(f := p / file): continue
+        value = _pick(_text_of(f) if key is None else read_json(f).get(key), f, name)
+        if value is None: continue
+        t = ChatTemplate(value, str(f))
+        compile_chat(t)   # a syntax error, now
+        return t
+    return None
