@@ -215,12 +215,12 @@ def test_report_replaced_said_interrupted_marked_full_disk_named(ckpt, prompts, 
     def stop(enc, v): raise KeyboardInterrupt
     with pytest.raises(KeyboardInterrupt): V.run_validate(**validate_kwargs(args(ckpt, prompts, out)), perturb=stop)
     assert "replacing the earlier report in" in capsys.readouterr().out
-    assert sorted(f.name for f in out.iterdir()) == ["INCOMPLETE"]
+    assert sorted(f.name for f in out.iterdir()) == [V.OWNED, "INCOMPLETE"]
     def full(self, path, **kw): raise OSError(28, "No space left on device")
     monkeypatch.setattr(pd.DataFrame, "to_csv", full)
     with pytest.raises(ValueError, match="results.csv cannot be written \\(No space left on device\\)"):
         V.run_validate(**validate_kwargs(args(ckpt, prompts, out)))
-    assert sorted(f.name for f in out.iterdir()) == ["INCOMPLETE"]
+    assert sorted(f.name for f in out.iterdir()) == [V.OWNED, "INCOMPLETE"]
     monkeypatch.undo()
     assert V.run_validate(**validate_kwargs(args(ckpt, prompts, out))) in (0, 1)
     assert sorted(f.name for f in out.iterdir() if not f.name.startswith(".")) == ["report.html", "report.ipynb",
