@@ -15,6 +15,7 @@ import json
 import os
 import platform
 import shlex
+import shutil
 import subprocess
 import sys
 from configparser import ConfigParser
@@ -121,23 +122,28 @@ def machine_fingerprint() -> str:
 # %% ../nbs/00b_provenance.ipynb #9f481418
 COMMAND = "QWEN3VL_L50_COMMAND"   # the command line as typed, handed by a launcher to its ranks
 
+def _shebang(arg: str) -> bool:
+    "Is `arg` an executable script that starts with `#!` (run by the interpreter its line names)?"
+    f = Path(arg)
+    try: return os.access(f, os.X_OK) and f.is_file() and f.open("rb").read(2) == b"#!"
+    except OSError: return False
+
 def _typed(argv: list[str]) -> list[str]:
-    ("`argv` (a process's `/proc` command line) as typed: a script's (torchrun, qwen3vl-l50) "
-     "without the interpreter its `#!` line put first.")
-    is_py = len(argv) > 1 and Path(argv[0]).name.startswith("python")
-    return argv[1:] if is_py and not argv[1].startswith("-") else argv
+    ("`argv` (a process's command line) as typed: a script (torchrun, qwen3vl-l50) without the "
+     "interpreter its `#!` line put first, a program found on PATH by its name.")
+    if len(argv) > 1 and not argv[1].startswith("-") and _shebang(argv[1]): argv = argv[1:]
+    name = Path(argv[0]).name
+    return [name, *argv[1:]] if shutil.which(name) == argv[0] else list(argv)
 
 def _this_command() -> str:
     ("This process's command line as typed: the launcher's (`COMMAND`, set for its ranks), "
-     "torchrun's under torchrun (its `/proc` entry), else this process's: `sys.argv`, or the "
-     "interpreter's with `-m`/`-c`.")
+     "torchrun's under torchrun (its `/proc` entry), else this process's own.")
     if c := os.environ.get(COMMAND): return c
     if "TORCHELASTIC_RUN_ID" in os.environ:
         try: return shlex.join(_typed(Path(f"/proc/{os.getppid()}/cmdline").read_bytes()
                                       .decode().split("\0")[:-1]))
         except (OSError, UnicodeDecodeError): pass
-    a = sys.orig_argv
-    return shlex.join(a if "-m" in a or "-c" in a else sys.argv)
+    return shlex.join(_typed(sys.orig_argv))
 
 # %% ../nbs/00b_provenance.ipynb #53f0a178
 def provenance(device="cpu",                # the device the run computed on

@@ -2,6 +2,7 @@
 import json
 import os
 import shlex
+import shutil
 import subprocess
 import sys
 
@@ -97,4 +98,6 @@ def test_command_recorded_as_typed(vocab_ckpt, tmp_path):
     assert r.returncode == 0, r.stderr[-3000:]
     import pandas as pd
     got = pd.read_csv(tmp_path / "r b" / "results.csv").command.iloc[0]
-    assert got.startswith(shlex.quote(sys.executable) + " -c ") and got.endswith(shlex.join(map(str, argv))), got
+    exe = os.path.basename(sys.executable)   # as typed where PATH finds it, else the path
+    exe = exe if shutil.which(exe) == sys.executable else sys.executable
+    assert got.startswith(shlex.quote(exe) + " -c ") and got.endswith(shlex.join(map(str, argv))), got
