@@ -76,8 +76,10 @@ def test_tp_1_and_2_on_gloo(ckpt, prompts, tmp_path):
     v = R.verdicts(df)
     assert v.passed.all() and (v[v.rule == "tp>1"].worst_ratio <= 1.25).all(), v
     assert df.world.eq(2).all() and df.checkpoint_sha.nunique() == 1 and df.command.str.contains("validate").all()
+    # as typed, not rebuilt
+    assert df.command.str.contains(" -m qwen3vl_l50_nbdev.cli validate --nproc 2 --model ").all(), df.command[0]
     assert len(str(df.peak_gib_ranks.iloc[-1]).split(";")) == 2   # a peak per rank
-    assert {p.name for p in out.iterdir()} == {"results.csv", "report.html", "report.ipynb"}
+    assert {p.name for p in out.iterdir()} == {"results.csv", "report.html", "report.ipynb", V.OWNED}
     nb = json.loads((out / "report.ipynb").read_text())
     assert any("image/png" in o.get("data", {}) for c in nb["cells"] for o in c.get("outputs", []))
 
