@@ -125,7 +125,9 @@ COMMAND = "QWEN3VL_L50_COMMAND"   # the command line as typed, handed by a launc
 def _shebang(arg: str) -> bool:
     "Is `arg` an executable script that starts with `#!` (run by the interpreter its line names)?"
     f = Path(arg)
-    try: return os.access(f, os.X_OK) and f.is_file() and f.open("rb").read(2) == b"#!"
+    try:
+        if not (os.access(f, os.X_OK) and f.is_file()): return False
+        with f.open("rb") as script: return script.read(2) == b"#!"
     except OSError: return False
 
 def _typed(argv: list[str]) -> list[str]:

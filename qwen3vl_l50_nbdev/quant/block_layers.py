@@ -144,6 +144,9 @@ def block_kernel(device) -> str:
      "128x128 block scales and agrees with `block_mm_reference` (probed once), else 'dequantize' "
      "(bf16 weights, said once).")
     device = _key(device)
+    # probed already: no lock, which a compiled layer's graph cannot hold (it breaks the graph
+    # there, and the GEMM's shapes then turn dynamic, which inductor's `_scaled_mm` cannot lower)
+    if (kernel := _KERNELS.get(device)) is not None: return kernel
     with _PROBING:
         if device not in _KERNELS:
             _KERNELS[device] = _probe(device)
