@@ -55,6 +55,31 @@ def test_ranks_that_read_different_prompts_are_refused(tp, vocab_ckpt, tmp_path)
     assert len(load_embeddings(tmp_path / "ok")) == 12
 
 
+def _encode_own_inputs(ckpt, files, out):
+    "One rank of `encode` at TP 2 whose rank r reads `files[r]`: its error, or None when it wrote."
+    import torch.distributed as dist
+    from qwen3vl_l50_nbdev.cli import parser
+    from qwen3vl_l50_nbdev.cli.encode import cmd_encode
+    r = dist.get_rank()
+    try: cmd_encode(parser().parse_args(["encode", "--model", str(ckpt), "--layer", "3", "--inputs", str(files[r]),
+                                         "--out", f"{out}{r}"]))
+    except ValueError as e: return str(e)
+
+
+def test_encode_ranks_that_read_different_inputs_are_refused(vocab_ckpt, tmp_path):
+    "`encode` at TP 2, rank 1's inputs file another copy with other tokens: refused on every rank, nothing written."
+    from safetensors.torch import save_file
+    g = torch.Generator().manual_seed(SEED)
+    files = [tmp_path / f"in{r}.safetensors" for r in range(2)]
+    for f in files: save_file({"input_ids": torch.randint(0, 151000, (40,), generator=g)}, f)
+    said = spawn(_encode_own_inputs, 2, vocab_ckpt, files, tmp_path / "out", timeout=120)
+    assert said[0] == said[1] and said[0] is not None, said
+    assert said[0].startswith("the ranks disagree on what they encode: rank 1 has inputs '40 tokens"), said
+    assert not list(tmp_path.glob("out*")), "an output was written"
+    assert spawn(_encode_own_inputs, 2, vocab_ckpt, files[:1] * 2, tmp_path / "ok", timeout=120) == [None, None]
+    assert (tmp_path / "ok0").exists()
+
+
 def _rewrite_rows(ckpt, rows: int = 100):
     "`rows` rows in the middle of embed_tokens rewritten in place, random: the file's size and header unchanged."
     f = ckpt / "model.safetensors"
