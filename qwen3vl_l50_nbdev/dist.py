@@ -5,7 +5,8 @@
 # %% auto #0
 __all__ = ['ONE_SHOT_BYTES', 'EXCHANGE_BYTES', 'EXCHANGE_SLOTS', 'WINDOW_BYTES', 'RC_DIR', 'Group', 'one_shot_sum', 'OneShot',
            'PendingSum', 'sum_terms', 'Exchange', 'window_barrier', 'SymmetricSums', 'encoder_group', 'init_world',
-           'gather_objects', 'RemoteTraceback', 'spawn', 'is_rank0', 'agree', 'report_once', 'exit_code']
+           'gather_objects', 'RemoteTraceback', 'spawn', 'is_rank0', 'agree', 'same_on_ranks', 'report_once',
+           'exit_code']
 
 # %% ../nbs/01_dist.ipynb #5f1fad8f
 import os
@@ -436,6 +437,19 @@ def agree(fn):
         box = [err]; dist.broadcast_object_list(box, src=0); err = box[0]
     if err: raise ValueError(err)
 
+
+# %% ../nbs/01_dist.ipynb #b86afec5
+def same_on_ranks(facts: dict, fix: str):
+    ("`facts` (name -> a value that describes itself) equal on every rank to rank 0's (call on "
+     "every rank); else `ValueError` on every rank naming the ranks and what differs, and `fix`.")
+    got = gather_objects(facts)
+    diff = [f"rank {r} has {k} {v.get(k)!r} where rank 0 has {got[0].get(k)!r}"
+            for r, v in enumerate(got) for k in dict.fromkeys([*got[0], *v])
+            if v.get(k) != got[0].get(k)]
+    if diff:
+        more = f" (and {len(diff) - 3} more)" if len(diff) > 3 else ""
+        raise ValueError(f"the ranks disagree on what they encode: {'; '.join(diff[:3])}{more}: "
+                         f"{fix}")
 
 # %% ../nbs/01_dist.ipynb #7adbc2e7
 def report_once(msg: str):

@@ -34,6 +34,7 @@ def cmd_encode(a):
     agree(lambda: check_apart(a.out, _input_files(a)))
     ck = checkpoint_dir(a.model)   # its config.json read once, for the processor and the encoder
     xs = _load_inputs(a, EncoderConfig.from_hf(ck, a.layer), ck)
+    _same_work(a, xs)   # every rank the same inputs, checkpoint and options: before any weight
     # fast mode: only what these inputs need is compiled
     enc = _encoder(a, dev, _warmups(xs), ck)
     hs = [enc.encode(**xs[0])] if len(xs) == 1 else enc.encode_batch(xs)
@@ -58,6 +59,24 @@ def _input_files(a) -> list:
     ins = [a.inputs] if isinstance(a.inputs, str) else a.inputs or []
     model = [p for p in Path(a.model).iterdir()] if a.model and Path(a.model).is_dir() else []
     return [*ins, *(a.image or []), *(a.video or []), *model]
+
+# %% ../../nbs/12e_cli_encode.ipynb #171c41cf
+_ITS_OWN = ("out", "model", "inputs", "image", "video", "prompt", "device", "nproc")   # said apart
+
+def _same_work(a, xs: list[dict]):
+    ("Every rank of the world: the same inputs `xs`, checkpoint (`checkpoint_fingerprint`) and "
+     "options `a` as rank 0 (`dist.same_on_ranks`); one process: nothing to hold them against.")
+    import torch.distributed as dist
+    from qwen3vl_l50_nbdev.dist import same_on_ranks
+    from qwen3vl_l50_nbdev.dataset.plan import input_hash
+    from qwen3vl_l50_nbdev.weights.index import checkpoint_fingerprint
+    if not dist.is_initialized() or dist.get_world_size() == 1: return
+    facts = dict(inputs=", ".join(f"{len(x['input_ids'])} tokens {input_hash(x)[:12]}" for x in xs),
+                 checkpoint=checkpoint_fingerprint(a.model))
+    facts |= {k: v for k, v in sorted(vars(a).items()) if k not in _ITS_OWN
+              and isinstance(v, (str, int, float, bool, type(None)))}
+    same_on_ranks(facts, "give every rank the same inputs files, checkpoint and options (one "
+                  "copy on a shared disk, or identical copies), then run the command again")
 
 # %% ../../nbs/12e_cli_encode.ipynb #9e177cd9
 def add_args(s: argparse.ArgumentParser):

@@ -22,7 +22,7 @@ from safetensors import safe_open
 import qwen3vl_l50_nbdev
 from ..config import EncoderConfig
 from ..dist import (encoder_group, init_world, is_rank0, agree, report_once,
-                                    exit_code)
+                                    exit_code, same_on_ranks)
 from ..encoder import Encoder
 from ..inputs.processor import Processor
 from ..inputs.prompts import read_prompts, process_prompt
@@ -32,7 +32,8 @@ from ..settings import Numerics
 from .plan import scan, plan_batches, assign
 from .job import (JOB, shard_name, job_settings, job_id, release_lock,
                                            check_dir, Cache, Progress, write_manifest)
-from .shards import encode_batches, check_shards, recheck
+from .shards import encode_batches, check_shards, recheck, check_stamps
+import xxhash
 
 # %% ../../nbs/15e_dataset_encode.ipynb #385c5d17
 def _share(obj):
@@ -131,6 +132,9 @@ def same_kernels():
     return c.patch(deterministic=True) if hasattr(c, "deterministic") else contextlib.nullcontext()
 
 # %% ../../nbs/15e_dataset_encode.ipynb #b2a2a839
+_SAME = ("give every rank the same prompts file, checkpoint and options (one copy on a shared "
+         "disk, or identical copies), then run the same command again")
+
 def encode_dataset(model,                            # checkpoint directory (HF format)
                    prompts_file,                     # JSON Lines, one prompt a line
                    out,                              # output: shards, manifest, provenance.json
@@ -162,8 +166,15 @@ def encode_dataset(model,                            # checkpoint directory (HF 
           dict(max_pixels=max_pixels, min_pixels=min(max_pixels, 32 * 32)))
     proc = Processor.from_pretrained(model, video=px or None, **px)
     prompts = read_prompts(prompts_file)
+    # every rank reads the same prompts (another node's copy, an edit as the job starts: refused)
+    same_on_ranks(dict(prompts=f"{len(prompts)} prompts, file digest "
+                       f"{xxhash.xxh3_64_hexdigest(Path(prompts_file).read_bytes())}"), _SAME)
     items = scan(prompts, proc, cfg)   # every line checked: before any weight is read
+    t_fp = time.perf_counter()
     settings = job_settings(model, cfg, items, numerics, tp, batch_tokens, dev)
+    t_fp = time.perf_counter() - t_fp   # the checkpoint's fingerprint, mostly
+    # and the same checkpoint's bytes, code and options
+    same_on_ranks({k: v for k, v in settings.items() if k not in ("prompts", "count")}, _SAME)
     job = job_id(settings)
     store = Cache(cache, settings, cfg.text.hidden_size) if cache else None
     batches = plan_batches(items, batch_tokens)
@@ -179,14 +190,16 @@ def encode_dataset(model,                            # checkpoint directory (HF 
                 write_atomic(Path(out) / JOB, lambda t: t.write_text(text))
             # a killed run's half-written shard or file
             for f in Path(out).glob(".*.tmp"): f.unlink()
-            if state[0] == "resume":
-                for bad in recheck(out, batches, job):
-                    print(f"encode-dataset: {bad}: encoded again", file=sys.stderr)
+            # a finished job's shards against their stamps: a damaged one repaired, not ignored
+            if state[0] != "new":
+                bad = (recheck if state[0] == "resume" else check_stamps)(out, batches, job)
+                for why in bad: print(f"encode-dataset: {why}: encoded again", file=sys.stderr)
+                if bad: state[0] = "resume"
         except BaseException: release_lock(Path(out)); raise
     agree(prepare)
     state = _share(state[0])
     try: return _encode(model, prompts_file, out, t0, dev, world, tp, cfg, numerics, proc, prompts,
-                        items, settings, job, store, batches, state, progress, command)
+                        items, settings, job, store, batches, state, progress, command, t_fp)
     # a job that wrote nothing leaves nothing: the corrected command needs no --overwrite
     except BaseException:
         if is_rank0() and state == "new" and not list(Path(out).glob("shard-*.safetensors")):
@@ -197,7 +210,7 @@ def encode_dataset(model,                            # checkpoint directory (HF 
 
 # %% ../../nbs/15e_dataset_encode.ipynb #3b98df18
 def _encode(model, prompts_file, out, t0, dev, world, tp, cfg, numerics, proc, prompts, items,
-            settings, job, store, batches, state, progress, command) -> Summary | None:
+            settings, job, store, batches, state, progress, command, t_fp) -> Summary | None:
     "`encode_dataset` once `out` is ready (and locked by rank 0)."
     sizes = {k: sum(it.tokens for it in b) for k, b in enumerate(batches)}
     there = {k for k in sizes if (Path(out) / shard_name(k)).exists()} if is_rank0() else None
@@ -216,9 +229,11 @@ def _encode(model, prompts_file, out, t0, dev, world, tp, cfg, numerics, proc, p
     # from from_pretrained's warm-up (fast mode compiles there) to the last batch
     with same_kernels():
         try:
+            t_load = time.perf_counter()
             enc = Encoder.from_pretrained(model, cfg.selected_layer, device=dev, group=group,
                                           progress=False, **numerics.kwargs())
             t1 = time.perf_counter()
+            t_load = t1 - t_load
             with Progress(out, sizes, counts, done, show=progress and is_rank0()) as bar:
                 # processed again: not kept in memory
                 again = lambda it: process_prompt(prompts[it.index], proc, cfg)
@@ -246,7 +261,7 @@ def _encode(model, prompts_file, out, t0, dev, world, tp, cfg, numerics, proc, p
                 sum(sizes[k] for k in new), hits, dup, secs, world)
     wall = time.perf_counter() - t0
     prov = run_provenance(model, settings, dev, world, tp, s, len(done), wall, prompts_file,
-                          command)
+                          command, dict(fingerprint_seconds=t_fp, load_seconds=t_load))
     write_manifest(out, items, batches, prov, job)
     return s
 
@@ -255,9 +270,10 @@ def _meta(p: Path) -> dict:
 
 # %% ../../nbs/15e_dataset_encode.ipynb #1ff5b27e
 def run_provenance(model, settings: dict, dev, world: int, tp: int, s: Summary, resumed: int,
-                   wall: float, prompts_file, command: str | None) -> dict:
+                   wall: float, prompts_file, command: str | None,
+                   seconds: dict | None = None) -> dict:
     ("provenance.json: the checkpoint, the code, the settings, the devices, the date, the command, "
-     "what was done.")
+     "what was done (`seconds`: more of this run's times, e.g. the fingerprint's and the load's).")
     import transformers
     base = provenance(dev, git_commit(where=Path(qwen3vl_l50_nbdev.__file__).parent), command)
     kept = ("dtype", "layer", "tp", "reduce", "quant", "fp8_granularity", "fp8_act", "mode",
@@ -273,5 +289,6 @@ def run_provenance(model, settings: dict, dev, world: int, tp: int, s: Summary, 
                 shards_done_before=resumed,
                 run=dict(prompts=s.encoded_prompts, tokens=s.encoded_tokens,
                          cache_hits=s.cache_hits, seconds=round(s.seconds, 3),
-                         wall_seconds=round(wall, 3)),
+                         wall_seconds=round(wall, 3),
+                         **{k: round(v, 3) for k, v in (seconds or {}).items()}),
                 **({"machine": base["machine"]} if "machine" in base else {}))

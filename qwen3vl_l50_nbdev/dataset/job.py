@@ -11,6 +11,7 @@ __all__ = ['JOB', 'MANIFEST', 'PROVENANCE', 'LOCK', 'OURS', 'NUMERICS', 'shard_n
 import json
 import os
 import socket
+import sys
 import threading
 import time
 import warnings
@@ -20,13 +21,13 @@ import xxhash
 # the manifest's writer: a missing pyarrow is said when the job starts, not after every batch
 import pyarrow as pa
 import pyarrow.parquet as pq
-from safetensors import SafetensorError
+from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file
 from tqdm.auto import tqdm
 from ..config import EncoderConfig
 from ..weights.index import checkpoint_fingerprint
 from ..provenance import code_identity
-from ..files import write_out, write_atomic
+from ..files import write_out, write_atomic, file_digest
 from ..settings import Numerics
 from .plan import Item
 
@@ -121,6 +122,8 @@ def _changed(inputs: list, lines: list) -> str:
 def _check_job(p: Path, settings: dict, overwrite: bool, keep: set, lines) -> str:
     if not (p / JOB).exists():   # never a job's: refused whole, with or without --overwrite
         others = sorted(f.name for f in p.iterdir() if f.name != LOCK and f.resolve() not in keep)
+        if others and all(any(p.joinpath(f).match(pat) for pat in OURS) for f in others):
+            return _lost_job(p, settings, overwrite, lines)
         if others:
             raise ValueError(f"--out {p} holds files that are not an encode-dataset job's "
                              f"({others[0]}, ...): name an empty or new directory (nothing was "
@@ -141,6 +144,38 @@ def _check_job(p: Path, settings: dict, overwrite: bool, keep: set, lines) -> st
         raise ValueError(f"--out {p} holds another job's embeddings: {'; '.join(diff)}. Name "
                          "another --out, or --overwrite to replace them")
     return "finished" if (p / MANIFEST).exists() else "resume"
+
+# %% ../../nbs/15b_dataset_job.ipynb #121b7491
+def _written_by(p: Path) -> set[str]:
+    "The jobs (`job_id`) that the manifest and the shards in `p` name (unreadable ones: none)."
+    jobs = set()
+    try: jobs.add((pq.read_schema(p / MANIFEST).metadata or {}).get(b"job", b"").decode())
+    except (OSError, pa.ArrowException): pass
+    for f in p.glob("shard-*.safetensors"):
+        try:
+            with safe_open(f, "pt") as s: jobs.add((s.metadata() or {}).get("job", ""))
+        except (OSError, SafetensorError): pass
+    return jobs - {""}
+
+def _lost_job(p: Path, settings: dict, overwrite: bool, lines) -> str:
+    ("`p` holds a job's files but no job.json: rebuilt when its manifest and shards are this "
+     "job's (`settings`), so it resumes or finishes; else `ValueError` (or, `overwrite`, removed).")
+    jobs = _written_by(p)
+    if jobs == {job_id(settings)}:
+        job = settings | ({} if lines is None else dict(inputs=[h for _, h in lines]))
+        write_atomic(p / JOB, lambda t: t.write_text(json.dumps(job, indent=1) + "\n"))
+        print(f"encode-dataset: {p / JOB} was missing: rebuilt, its shards and manifest are this "
+              "job's", file=sys.stderr)
+        return "finished" if (p / MANIFEST).exists() else "resume"
+    if overwrite:
+        for f in [f for pat in OURS for f in p.glob(pat)]: f.unlink()
+        return "new"
+    said = (f"another job's ({', '.join(sorted(j[:12] for j in jobs))}; this one is "
+            f"{job_id(settings)[:12]}: other settings, weights, code or prompts)" if jobs else
+            "no job's that can be read")
+    raise ValueError(f"--out {p} has lost its {JOB}, and its shards and manifest are {said}: "
+                     "run the command that wrote them to rebuild it, name another --out, or "
+                     "--overwrite to replace them")
 
 # %% ../../nbs/15b_dataset_job.ipynb #021f6e68
 def check_dir(out, settings: dict, overwrite: bool = False, keep=(), lines=None) -> str:
@@ -242,9 +277,13 @@ def manifest_rows(items: list[Item], batches: list[list[Item]]) -> dict[str, lis
 
 # %% ../../nbs/15b_dataset_job.ipynb #a008b313
 def write_manifest(out, items: list[Item], batches: list[list[Item]], prov: dict, job: str):
-    ("`out`/manifest.parquet (the `job` in its metadata) and `out`/provenance.json, each written "
-     "whole or not at all.")
+    ("`out`/manifest.parquet (in its metadata the `job` and each shard's stamp: its size and "
+     "`file_digest`) and `out`/provenance.json, each written whole or not at all.")
     out = Path(out)
-    table = pa.table(manifest_rows(items, batches)).replace_schema_metadata({"job": job})
+    # each shard's stamp, to tell a damaged one later
+    shards = [out / shard_name(k) for k in range(len(batches))]
+    stamps = {f.name: [f.stat().st_size, file_digest(f)] for f in shards if f.exists()}
+    table = pa.table(manifest_rows(items, batches)).replace_schema_metadata(
+        {"job": job, "shards": json.dumps(stamps)})
     write_atomic(out / PROVENANCE, lambda t: t.write_text(json.dumps(prov, indent=1) + "\n"))
     write_atomic(out / MANIFEST, lambda t: pq.write_table(table, t))
