@@ -100,6 +100,8 @@ class Bench(NamedTuple):
 
 COMMANDS = {   # command: (module of the harness, what it measures), the shape of the CLI's table
     "speed": Bench("speed", "ours against HF on one GPU: exact, fast, FP8 (04a_speed_bench)"),
+    "roofline": Bench("roofline", "the GPU's ceilings, each prompt's floor, and HF, exact, fast, "
+                      "FP8 and block FP8 against it (04b_roofline_bench)"),
     "tp": Bench("tp_speed", "tensor parallelism under torchrun: TP 1 against TP 2, sums, "
                 "profile (05_tp_speed)"),
     "fp8-blocks": Bench("fp8_blocks",
