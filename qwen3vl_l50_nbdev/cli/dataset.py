@@ -21,7 +21,7 @@ def cmd_encode_dataset(a) -> int:
     from qwen3vl_l50_nbdev.dist import is_rank0
     from qwen3vl_l50_nbdev.dataset import encode_dataset
     s = encode_dataset(a.model, a.prompts, a.out, a.layer, a.tp, Numerics.from_args(a), a.device,
-                       a.batch_tokens, a.cache, a.overwrite, a.max_pixels)
+                       a.batch_tokens, a.cache, a.overwrite, a.max_pixels, timeout=a.timeout)
     if s is not None and is_rank0(): print(f"{s}; in {a.out}", flush=True)
 
 # %% ../../nbs/12i_cli_dataset.ipynb #c8e233ba

@@ -22,7 +22,7 @@ from safetensors import safe_open
 import qwen3vl_l50_nbdev
 from ..config import EncoderConfig
 from ..dist import (encoder_group, init_world, is_rank0, agree, report_once,
-                                    exit_code)
+                                    exit_code, world_timeout)
 from ..encoder import Encoder
 from ..inputs.processor import Processor
 from ..inputs.prompts import read_prompts, process_prompt
@@ -90,11 +90,19 @@ def _watch(run: str, stop: threading.Event, grace: float = 10, every: float = 0.
 # %% ../../nbs/15e_dataset_encode.ipynb #e81ae87a
 def _wait(bar, batches: list, run: str):
     ("Rank 0: until every shard is there, or every rank has ended (a shard missing: `check_shards` "
-     "names it); a `ValueError` with another rank's error as soon as it reports one.")
-    while len(bar.poll()) < len(batches):
+     "names it); a `ValueError` with another rank's error as soon as it reports one, or once no "
+     "shard has come for the world's deadline (a replica hung or stopped).")
+    limit = world_timeout() if dist.is_initialized() else float("inf")
+    seen, since = -1, time.monotonic()
+    while (n := len(bar.poll())) < len(batches):
         err, ended = _peers(run)
         if err: raise ValueError(err)
         if ended: return
+        if n > seen: seen, since = n, time.monotonic()
+        elif time.monotonic() - since > limit:
+            raise ValueError(f"no new shard for {limit:g} s ({len(batches) - n} of {len(batches)} "
+                             "still to come): another replica's rank is hung or stopped (the "
+                             "deadline: --timeout, or $QWEN3VL_L50_TIMEOUT)")
         time.sleep(0.2)
 
 # %% ../../nbs/15e_dataset_encode.ipynb #ea6e78c9
@@ -144,11 +152,12 @@ def encode_dataset(model,                            # checkpoint directory (HF 
                    max_pixels: int | None = None,    # pixels at most of an image or video frame
                    progress: bool = True,            # rank 0's progress bar
                    command: str | None = None,       # the command line, for the provenance
+                   timeout: float | None = None,     # seconds a rank waits for its peers (600)
                    ) -> Summary:
     ("Encode every prompt of `prompts_file` into `out` (on every rank of the world); the `Summary` "
      "on rank 0 (on every rank when all was done already), None on the others.")
-    # a collective waits at most 10 min for a peer
-    t0, dev = time.perf_counter(), init_world(device, timeout_s=600)
+    # a collective, or rank 0's wait for the shards, waits at most `timeout` for a peer
+    t0, dev = time.perf_counter(), init_world(device, timeout)
     world = dist.get_world_size() if dist.is_initialized() else 1
     if tp < 1 or world % tp:
         raise ValueError(f"--tp {tp}: the {world} ranks are replicas x TP; choose a TP size "
