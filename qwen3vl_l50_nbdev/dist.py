@@ -6,7 +6,7 @@
 __all__ = ['ONE_SHOT_BYTES', 'EXCHANGE_BYTES', 'EXCHANGE_SLOTS', 'WINDOW_BYTES', 'TIMEOUT', 'DEBUG', 'RC_DIR', 'Group',
            'one_shot_sum', 'OneShot', 'PendingSum', 'sum_terms', 'Exchange', 'window_barrier', 'SymmetricSums',
            'encoder_group', 'job_timeout', 'world_timeout', 'init_world', 'gather_objects', 'RemoteTraceback', 'spawn',
-           'is_rank0', 'agree', 'report_once', 'rank_error', 'exit_code']
+           'is_rank0', 'agree', 'report_once', 'error_said', 'peer_trouble', 'rank_error', 'exit_code']
 
 # %% ../nbs/01_dist.ipynb #5f1fad8f
 import os
@@ -469,43 +469,57 @@ def agree(fn):
 
 
 # %% ../nbs/01_dist.ipynb #7adbc2e7
+_SAID = "qwen3vl-l50/error/said"   # set by every rank that prints an error
+
 def report_once(msg: str):
     ("Print an error once across the ranks: rank 0's, or another rank's when rank 0 does not have "
      "the same one.")
     rank = dist.get_rank() if dist.is_initialized() else int(os.environ.get("RANK", 0))
-    if rank == 0 or not dist.is_initialized():
+    store = dist.distributed_c10d._get_default_store() if dist.is_initialized() else None
+    if rank == 0 or store is None:
         if rank == 0: print(msg, file=sys.stderr, flush=True)
-        if dist.is_initialized():
-            try: dist.distributed_c10d._get_default_store().set("qwen3vl-l50/error/0", msg)
-            # no store (a world without one): the message is printed all the same
-            except Exception: pass
+        try:
+            if store is not None: store.set("qwen3vl-l50/error/0", msg); store.set(_SAID, "1")
+        except Exception: pass   # no store (a world without one): the message is printed all the same
         return
-    try:
-        store = dist.distributed_c10d._get_default_store()
-        store.wait(["qwen3vl-l50/error/0"], datetime.timedelta(seconds=1))
-        same = store.get("qwen3vl-l50/error/0").decode() == msg
+    try:   # rank 0's message, if it comes within 1 s (polled: a store's timed-out wait logs a warning)
+        t0, key = time.monotonic(), "qwen3vl-l50/error/0"
+        while not store.check([key]) and time.monotonic() - t0 < 1: time.sleep(0.05)
+        same = store.check([key]) and store.get(key).decode() == msg
     except Exception: same = False   # rank 0 has no error (or no store): this rank's is news
-    if not same: print(f"[rank {rank}] {msg}", file=sys.stderr, flush=True)
+    if not same:
+        print(f"[rank {rank}] {msg}", file=sys.stderr, flush=True)
+        try: store.set(_SAID, "1")
+        except Exception: pass
+
+def error_said() -> bool:
+    "Has a rank of the world printed an error (`report_once`)?"
+    try: return dist.distributed_c10d._get_default_store().check([_SAID])
+    except Exception: return False
 
 # %% ../nbs/01_dist.ipynb #47cb8047
 DEBUG = "QWEN3VL_L50_DEBUG"   # set (1): a rank's unexpected exception shows its traceback too
 
-def rank_error(e: BaseException) -> str:
-    ("One line for an exception of this rank of the world: its rank, type and first line, the C++ "
-     "source position cut; a collective that timed out or lost its peer says the deadline and what "
-     "it means.")
-    rank = dist.get_rank() if dist.is_initialized() else int(os.environ.get("RANK", 0))
-    msg = re.sub(r"^\[[^\]]*:\d+\]\s*", "", str(e).strip()).split("\n")[0]
-    msg = msg.split(". This is typically caused")[0]   # gloo's advice: named below
-    low, t = msg.lower(), world_timeout() if dist.is_initialized() else job_timeout()
-    if "timed out" in low or "timeout" in low:
-        why = (f"a peer rank did not answer within the {t:g} s deadline (--timeout, or "
-               f"${TIMEOUT}): one is hung, stopped or gone")
-    elif "by peer" in low or "connection" in low or "broken pipe" in low:
-        why = "a peer rank is gone (it failed or was killed; its own message says why)"
-    else: return f"rank {rank}: {type(e).__name__}: {msg} (set {DEBUG}=1 for the traceback)"
-    return f"rank {rank}: {type(e).__name__}: {msg}: {why}"
+def peer_trouble(e: BaseException) -> str | None:
+    ("'timeout' for a collective that timed out, 'gone' for one whose peer went away, else None: "
+     "what a rank sees of another rank's failure.")
+    low = str(e).lower()
+    if "timed out" in low or "timeout" in low: return "timeout"
+    if "by peer" in low or "connection" in low or "broken pipe" in low: return "gone"
+    return None
 
+def rank_error(e: BaseException) -> str:
+    ("One line for an unexpected exception of a rank: its type and first line, the C++ source "
+     "position cut; a collective that timed out or lost its peer says the deadline and what it "
+     "means.")
+    msg = re.sub(r"^\[[^\]]*:\d+\]\s*", "", str(e).strip()).split("\n")[0]
+    msg = msg.split(". This is typically caused")[0]   # gloo's advice: said below
+    t = world_timeout() if dist.is_initialized() else job_timeout()
+    why = {"timeout": f"a peer rank did not answer within the {t:g} s deadline (--timeout, or "
+                      f"${TIMEOUT}): one is hung, stopped or gone",
+           "gone": "a peer rank is gone (it failed or was killed; its own message says why)",
+           None: f"set {DEBUG}=1 for the traceback"}[peer_trouble(e)]
+    return f"{type(e).__name__}: {msg}" + (f" ({why})" if peer_trouble(e) is None else f": {why}")
 
 # %% ../nbs/01_dist.ipynb #551f5f3d
 # set by the CLI's launcher for its ranks: where each writes its exit code

@@ -504,3 +504,20 @@ def test_validate_calls_run_validate_with_keywords(monkeypatch, tmp_path):
     assert got == [dict(model=str(tmp_path / "m"), prompts=str(tmp_path / "p.jsonl"), out=str(tmp_path / "r"),
                         layer=3, tp=[1], reduce=["fp32"], quant=[None], fp8_granularity=["channel"],
                         mode=["exact", "fast"], ref_dtype="fp32", device="cpu", max_pixels=None)], got
+
+
+FAULTS = {"kill": "rank 1 was killed by SIGKILL (e.g. out of memory", "raise": "[rank 1] qwen3vl-l50 encode: error: RuntimeError: rank 1 meets an injected fault",
+          "hang": "did not answer within the 10 s deadline", "stop": "did not answer within the 10 s deadline"}
+
+
+@pytest.mark.parametrize("how", list(FAULTS))
+def test_a_failed_rank_ends_encode_nproc(how, ckpt, inputs, faulty, tmp_path):
+    ("`encode --nproc 2 --timeout 10` whose rank 1 is killed, raises, hangs or is stopped (SIGSTOP) in its first "
+     "`encode`: every process is gone within 40 s (the deadline, the launcher's 10 s grace, 5 s to SIGKILL and the "
+     "polls), exit code nonzero, no traceback, the cause said in a line.")
+    f, _ = inputs
+    rc, err, took = faulty(["encode", "--nproc", 2, "--timeout", 10, "--model", ckpt, "--layer", 3, "--inputs", f,
+                            "--out", tmp_path / "o.safetensors"], how, 1, "qwen3vl_l50_nbdev.encoder:Encoder.encode", 40)
+    print(f"encode --nproc 2, rank 1 {how}: every process gone {took:.1f} s after the fault\n{err}")
+    assert rc != 0 and "Traceback" not in err and FAULTS[how] in err, err[-3000:]
+    assert not (tmp_path / "o.safetensors").exists()

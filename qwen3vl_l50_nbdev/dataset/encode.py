@@ -22,7 +22,7 @@ from safetensors import safe_open
 import qwen3vl_l50_nbdev
 from ..config import EncoderConfig
 from ..dist import (encoder_group, init_world, is_rank0, agree, report_once,
-                                    exit_code, world_timeout)
+                                    exit_code, rank_error, world_timeout)
 from ..encoder import Encoder
 from ..inputs.processor import Processor
 from ..inputs.prompts import read_prompts, process_prompt
@@ -241,7 +241,9 @@ def _encode(model, prompts_file, out, t0, dev, world, tp, cfg, numerics, proc, p
             # its exit, a symptom)
             peer = _peers(run, skip=rank)[0] if isinstance(e, Exception) else None
             said = isinstance(e, Exception) and str(e)
-            own = str(e) if said else f"rank {rank}: {type(e).__name__}"
+            # as `main` says it
+            own = (str(e) if isinstance(e, (ValueError, OSError)) else rank_error(e)) if said else (
+                f"rank {rank}: {type(e).__name__}")
             _ended(run, peer or own)
             if rank and isinstance(e, Exception): _heard()
             if peer is None: raise
