@@ -24,7 +24,7 @@ def vocab_ckpt(tmp_path_factory):
 
 
 _FAULT = '''import os, signal, time
-if os.environ.get("RANK") == os.environ.get("FAULT_RANK"):   # this rank meets the fault at its first FAULT_IN call
+if os.environ.get("RANK", "single") == os.environ["FAULT_RANK"]:   # this rank (or one process) meets the fault at its first FAULT_IN call
     import importlib
     mod, _, name = os.environ["FAULT_IN"].partition(":")
     owner = importlib.import_module(mod)
@@ -36,6 +36,9 @@ if os.environ.get("RANK") == os.environ.get("FAULT_RANK"):   # this rank meets t
         how = os.environ["FAULT"]
         if how == "raise": raise RuntimeError(f"rank {os.environ['RANK']} meets an injected fault")
         if how == "hang": time.sleep(3600)   # a rank stuck in a forward
+        if how == "stuck":   # stuck in one C call (a long GEMM, a gloo wait): a mutex locked twice; no handler runs
+            import ctypes
+            m = ctypes.create_string_buffer(64); libc = ctypes.CDLL(None); libc.pthread_mutex_lock(m); libc.pthread_mutex_lock(m)
         os.kill(os.getpid(), signal.SIGKILL if how == "kill" else signal.SIGSTOP)   # the OOM killer; a frozen host
         return real(*a, **k)
     setattr(owner, attr, faulty)
@@ -62,13 +65,14 @@ def _alive(pid: int) -> bool:
 
 @pytest.fixture
 def faulty(tmp_path):
-    ("`faulty(argv, how, rank, where, limit)`: run the CLI `argv` whose rank `rank` meets `how` (hang, raise, kill, "
-     "stop) at its first call of `where` (`module:attr`); every process of it must be gone within `limit` s of the "
-     "fault. Returns (exit code, stderr, seconds from the fault to the last process gone).")
+    ("`faulty(argv, how, rank, where, limit, then)`: run the CLI `argv` whose rank `rank` meets `how` (hang, raise, "
+     "kill, stop, stuck) at its first call of `where` (`module:attr`), then `then(launcher's Popen, its processes)` "
+     "if given; every process of it must be gone within `limit` s of the fault. Returns (exit code, stderr, seconds "
+     "from the fault to the last process gone).")
     import subprocess
     import sys
     import time
-    def run(argv, how, rank, where, limit):
+    def run(argv, how, rank, where, limit, then=None):
         d = tmp_path / "fault"; d.mkdir(exist_ok=True); (d / "sitecustomize.py").write_text(_FAULT)
         at = d / "at"; at.unlink(missing_ok=True)
         env = os.environ | dict(OMP_NUM_THREADS="1", FAULT=how, FAULT_RANK=str(rank), FAULT_IN=where, FAULT_AT=str(at),
@@ -83,6 +87,7 @@ def faulty(tmp_path):
             while time.monotonic() - t0 < 300 and not at.exists():   # the ranks load, then meet the fault
                 seen |= _descendants(p.pid); time.sleep(0.1)
             assert at.exists(), "the fault was not met: " + "".join(err)[-3000:]
+            if then: time.sleep(1); then(p, seen | _descendants(p.pid))
             while (p.poll() is None or [q for q in seen if _alive(q)]) and time.time() - float(at.read_text()) < limit:
                 seen |= _descendants(p.pid) if p.poll() is None else set(); time.sleep(0.1)
             took = time.time() - float(at.read_text())

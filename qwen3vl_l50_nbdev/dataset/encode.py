@@ -84,6 +84,7 @@ def _watch(run: str, stop: threading.Event, grace: float = 10, every: float = 0.
         try: err = _peers(run, skip=me)[0] if store.check([flag]) else None
         except Exception: return   # the store is gone: torchrun is ending the job
         if err is not None and not stop.wait(grace):
+            if me == 0: print(file=sys.stderr)   # off rank 0's progress bar: a line of its own
             report_once(f"qwen3vl-l50 encode-dataset: error: {err}")
             os._exit(exit_code(2))   # the main thread may be inside a collective that never returns
 
