@@ -480,9 +480,11 @@ def report_once(msg: str):
         if rank == 0: print(msg, file=sys.stderr, flush=True)
         try:
             if store is not None: store.set("qwen3vl-l50/error/0", msg); store.set(_SAID, "1")
-        except Exception: pass   # no store (a world without one): the message is printed all the same
+        # no store (a world without one): the message is printed all the same
+        except Exception: pass
         return
-    try:   # rank 0's message, if it comes within 1 s (polled: a store's timed-out wait logs a warning)
+    # rank 0's message, if it comes within 1 s (polled: a store's timed-out wait logs a warning)
+    try:
         t0, key = time.monotonic(), "qwen3vl-l50/error/0"
         while not store.check([key]) and time.monotonic() - t0 < 1: time.sleep(0.05)
         same = store.check([key]) and store.get(key).decode() == msg

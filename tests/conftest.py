@@ -24,7 +24,8 @@ def vocab_ckpt(tmp_path_factory):
 
 
 _FAULT = '''import os, signal, time
-if os.environ.get("RANK", "single") == os.environ["FAULT_RANK"]:   # this rank (or one process) meets the fault at its first FAULT_IN call
+# this rank (or one process, "single") meets the fault at its first FAULT_IN call
+if os.environ.get("RANK", "single") == os.environ.get("FAULT_RANK"):
     import importlib
     mod, _, name = os.environ["FAULT_IN"].partition(":")
     owner = importlib.import_module(mod)
@@ -38,7 +39,8 @@ if os.environ.get("RANK", "single") == os.environ["FAULT_RANK"]:   # this rank (
         if how == "hang": time.sleep(3600)   # a rank stuck in a forward
         if how == "stuck":   # stuck in one C call (a long GEMM, a gloo wait): a mutex locked twice; no handler runs
             import ctypes
-            m = ctypes.create_string_buffer(64); libc = ctypes.CDLL(None); libc.pthread_mutex_lock(m); libc.pthread_mutex_lock(m)
+            m, libc = ctypes.create_string_buffer(64), ctypes.CDLL(None)   # zeros: an unlocked pthread mutex
+            libc.pthread_mutex_lock(m); libc.pthread_mutex_lock(m)
         os.kill(os.getpid(), signal.SIGKILL if how == "kill" else signal.SIGSTOP)   # the OOM killer; a frozen host
         return real(*a, **k)
     setattr(owner, attr, faulty)

@@ -506,7 +506,8 @@ def test_validate_calls_run_validate_with_keywords(monkeypatch, tmp_path):
                         mode=["exact", "fast"], ref_dtype="fp32", device="cpu", max_pixels=None)], got
 
 
-FAULTS = {"kill": "rank 1 was killed by SIGKILL (e.g. out of memory", "raise": "[rank 1] qwen3vl-l50 encode: error: RuntimeError: rank 1 meets an injected fault",
+FAULTS = {"kill": "rank 1 was killed by SIGKILL (e.g. out of memory",
+          "raise": "[rank 1] qwen3vl-l50 encode: error: RuntimeError: rank 1 meets an injected fault",
           "hang": "did not answer within the 10 s deadline", "stop": "did not answer within the 10 s deadline"}
 
 
@@ -517,11 +518,12 @@ def test_a_failed_rank_ends_encode_nproc(how, ckpt, inputs, faulty, tmp_path):
      "polls), exit code nonzero, no traceback, the cause said in a line.")
     f, _ = inputs
     rc, err, took = faulty(["encode", "--nproc", 2, "--timeout", 10, "--model", ckpt, "--layer", 3, "--inputs", f,
-                            "--out", tmp_path / "o.safetensors"], how, 1, "qwen3vl_l50_nbdev.encoder:Encoder.encode", 40)
+                            "--out", tmp_path / "o.safetensors"], how, 1, "qwen3vl_l50_nbdev.encoder:Encoder.encode",
+                           40)
     print(f"encode --nproc 2, rank 1 {how}: every process gone {took:.1f} s after the fault\n{err}")
     assert rc != 0 and "Traceback" not in err and FAULTS[how] in err, err[-3000:]
-    assert err.count(FAULTS[how]) == 1 and [line for line in err.splitlines() if FAULTS[how] in line][0].startswith(
-        ("qwen3vl-l50 encode: error: ", "[rank 1] qwen3vl-l50 encode: error: ")), err[-3000:]   # said once, a line of its own
+    said = [line for line in err.splitlines() if FAULTS[how] in line]   # once, on a line of its own
+    assert len(said) == 1 and said[0].startswith(("qwen3vl-l50 encode: error: ", "[rank 1] ")), err[-3000:]
     assert not (tmp_path / "o.safetensors").exists()
 
 
@@ -548,9 +550,10 @@ def test_ranks_end_with_their_launcher(victim, cmd, ckpt, inputs, faulty, tmp_pa
 
 
 def test_sigterm_inside_one_long_c_call(ckpt, inputs, faulty, tmp_path):
-    "One process stuck inside one C call (as a 300,000-token forward is) is sent SIGTERM: it ends within ~5 s, one line."
+    "One process stuck inside one C call (as a 300,000-token forward is) is sent SIGTERM: it ends within ~5 s, a line."
     f, _ = inputs
-    rc, err, took = faulty(["encode", "--model", ckpt, "--layer", 3, "--inputs", f, "--out", tmp_path / "o.safetensors"],
+    rc, err, took = faulty(["encode", "--model", ckpt, "--layer", 3, "--inputs", f, "--out",
+                            tmp_path / "o.safetensors"],
                            "stuck", "single", "qwen3vl_l50_nbdev.encoder:Encoder.encode", 10,
                            lambda p, procs: os.kill(p.pid, signal.SIGTERM))
     print(f"encode, stuck in a C call, SIGTERM: gone {took:.1f} s after the fault (1 s after it: the signal)")

@@ -21,10 +21,11 @@ def prompts_args(s: argparse.ArgumentParser):
 
 # %% ../../nbs/12a_cli_args.ipynb #d9a368da
 def timeout_arg(s: argparse.ArgumentParser, default: str = "600"):
-    "`--timeout SECONDS` (`default`: what the help says when neither it nor the environment is set)."
+    ("`--timeout SECONDS` (`default`: what the help says when neither it nor the environment is "
+     "set).")
     s.add_argument("--timeout", type=float, default=None, metavar="SECONDS",
-                   help="seconds a rank waits for its peers (a hung, stopped or dead rank) before the "
-                   f"job ends with an error (default: $QWEN3VL_L50_TIMEOUT, else {default})")
+                   help="seconds a rank waits for its peers (a hung, stopped or dead rank) before "
+                   f"the job ends with an error (default: $QWEN3VL_L50_TIMEOUT, else {default})")
 
 
 # %% ../../nbs/12a_cli_args.ipynb #505601be

@@ -6,7 +6,6 @@
 __all__ = ['run', 'cmd_encode_dataset', 'dataset_args', 'add_args']
 
 # %% ../../nbs/12i_cli_dataset.ipynb #3e6cf04a
-import os
 import argparse
 from ..settings import Numerics, add_numerics
 from .args import prompts_args, run_args

@@ -53,7 +53,8 @@ _TORCHRUN = ("import json, logging, os, sys\n"
              "from torch.distributed.elastic.multiprocessing.api import SignalException\n"
              "from torch.distributed.elastic.multiprocessing.errors import ChildFailedError\n"
              "for n in list(logging.root.manager.loggerDict):\n"   # each has its own level
-             "    if n.startswith('torch.distributed'): logging.getLogger(n).setLevel(logging.CRITICAL)\n"
+             "    if n.startswith('torch.distributed'):\n"
+             "        logging.getLogger(n).setLevel(logging.CRITICAL)\n"
              "try: main(sys.argv[1:])\n"
              "except SignalException as e: sys.exit(128 + int(e.sigval))\n"
              "except ChildFailedError as e:\n"
@@ -113,8 +114,8 @@ def _failed(d: Path) -> dict:
 
 # %% ../../nbs/12c_cli_launch.ipynb #8c2a143f
 def _supervise(p, d: Path, grace: float, every: float = 0.25) -> tuple:
-    ("Wait for torchrun `p`; once a rank has failed and others are still there `grace` s later, stop "
-     "them (`_stop`). The first failed rank (or None) and the ranks that were stopped.")
+    ("Wait for torchrun `p`; once a rank has failed and others are still there `grace` s later, "
+     "stop them (`_stop`). The first failed rank (or None) and the ranks that were stopped.")
     first = since = None
     while p.poll() is None:
         ended = _ended(d)
@@ -168,8 +169,8 @@ def _verdict(cmd: str, rc: int, ended: dict, failed: dict, first, left: list, gr
         return _say(cmd, f"error: rank {first} ended without an exit code (killed or crashed); the "
                     "other ranks were stopped", 1)
     if left:
-        _say(cmd, f"error: rank(s) {', '.join(map(str, left))} still running {grace:g} s after rank "
-             f"{first} failed: stopped", 0)
+        _say(cmd, f"error: rank(s) {', '.join(map(str, left))} still running {grace:g} s after "
+             f"rank {first} failed: stopped", 0)
         return ended[first]
     if rc < 0 and not ended:
         return _say(cmd, f"error: torchrun was killed by {_signame(-rc)}; its ranks were stopped",

@@ -15,8 +15,9 @@ from .launch import RC_DIR, die_with_parent
 
 # %% ../../nbs/12l_cli_watchdog.ipynb #fa830574
 class Watchdog:
-    ("While inside: a SIGINT or SIGTERM not acted on within `grace` s (the main thread inside a long "
-     "C call: a forward, a blocked collective) ends the process, code 128 + the signal, in one line.")
+    ("While inside: a SIGINT or SIGTERM not acted on within `grace` s (the main thread inside a "
+     "long C call: a forward, a blocked collective) ends the process, code 128 + the signal, in "
+     "one line.")
     def __init__(self, cmd: str, grace: float = 5, say: bool = True):
         self.cmd, self.grace, self.say, self.done = cmd, grace, say, threading.Event()
         self.fds = self.thread = None
@@ -26,9 +27,9 @@ class Watchdog:
             for s in data:
                 if s not in (signal.SIGINT, signal.SIGTERM) or self.done.wait(self.grace): continue
                 if self.say:
-                    print(f"qwen3vl-l50 {self.cmd}: interrupted by {signal.Signals(s).name}: still "
-                          f"busy {self.grace:g} s later (inside a long computation or a collective), "
-                          "so stopped there", file=sys.stderr, flush=True)
+                    print(f"qwen3vl-l50 {self.cmd}: interrupted by {signal.Signals(s).name}: "
+                          f"still busy {self.grace:g} s later (inside a long computation or a "
+                          "collective), so stopped there", file=sys.stderr, flush=True)
                 os._exit(128 + s)
 
     def __enter__(self):
@@ -51,8 +52,8 @@ class Watchdog:
 
 # %% ../../nbs/12l_cli_watchdog.ipynb #dbdf40a0
 def rank_started():
-    ("A rank of a torchrun world: it ends with its torchrun agent (`die_with_parent`) and, under the "
-     "CLI's launcher, leaves its process id in `RC_DIR` (`pid.RANK`).")
+    ("A rank of a torchrun world: it ends with its torchrun agent (`die_with_parent`) and, under "
+     "the CLI's launcher, leaves its process id in `RC_DIR` (`pid.RANK`).")
     if "TORCHELASTIC_RUN_ID" in os.environ: die_with_parent()
     if d := os.environ.get(RC_DIR):
         Path(d, f"pid.{os.environ.get('RANK', 0)}").write_text(str(os.getpid()))
