@@ -6,7 +6,8 @@ import signal
 import pytest
 import torch
 import torch.distributed as dist
-from qwen3vl_l50_nbdev.dist import TIMEOUT, encoder_group, rank_error, spawn
+from qwen3vl_l50_nbdev.deadline import TIMEOUT, rank_error
+from qwen3vl_l50_nbdev.dist import encoder_group, spawn
 
 
 def _die_on(bad, how):

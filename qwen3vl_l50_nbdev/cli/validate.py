@@ -15,7 +15,8 @@ def cmd_validate(a) -> int:
     ("Every variant against transformers' fp32 reference on a prompts file, layer by layer "
      "(`validate`, imported only here); rank 0 writes the report; 1 when a variant is outside its "
      "contract.")
-    from qwen3vl_l50_nbdev.dist import init_world, job_timeout
+    from qwen3vl_l50_nbdev.deadline import job_timeout
+    from qwen3vl_l50_nbdev.dist import init_world
     from qwen3vl_l50_nbdev.check.validate import run_validate
     # the other ranks wait for rank 0's reference (minutes at 50 layers)
     init_world(a.device, job_timeout(a.timeout, default=3600))
