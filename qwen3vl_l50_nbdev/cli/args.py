@@ -29,9 +29,9 @@ def timeout_arg(s: argparse.ArgumentParser, default: str = "600"):
 
 
 # %% ../../nbs/12a_cli_args.ipynb #505601be
-def run_args(s: argparse.ArgumentParser, ranks: str):
-    ("`--max-pixels`, `--device`, `--nproc` (`ranks`: how many it needs) and `--timeout` of "
-     "`validate` and `encode-dataset`.")
+def run_args(s: argparse.ArgumentParser, ranks: str, timeout: str = "600"):
+    ("`--max-pixels`, `--device`, `--nproc` (`ranks`: how many it needs) and `--timeout` (its "
+     "default: `timeout`) of `validate` and `encode-dataset`.")
     s.add_argument("--max-pixels", type=int, default=None,
                    help="cap on the pixels of each picture and video frame (default: the "
                    "checkpoint's processor's)")
@@ -39,7 +39,7 @@ def run_args(s: argparse.ArgumentParser, ranks: str):
                    help="cpu or cuda (default: cuda when available); torchrun: cuda:LOCAL_RANK")
     s.add_argument("--nproc", type=int, default=None,
                    help=f"run on this many local ranks (torchrun is started for you): {ranks}")
-    timeout_arg(s, "600; validate 3600")
+    timeout_arg(s, timeout)
 
 # %% ../../nbs/12a_cli_args.ipynb #6dbb3cfa
 def model_args(s: argparse.ArgumentParser, several: bool = False, model_required: bool = True,

@@ -77,6 +77,7 @@ def add_args(s: argparse.ArgumentParser):
     "The options of `validate`: the checkpoint and prompts, the variants, how it runs."
     prompts_args(s)
     validate_args(s)
-    run_args(s, ranks="at least the largest --tp")
+    # the other ranks wait for rank 0's fp32 reference: minutes at 50 layers
+    run_args(s, ranks="at least the largest --tp", timeout="3600")
 
 run = cmd_validate
