@@ -151,6 +151,9 @@ def _say(cmd: str, msg: str, rc: int) -> int:
     print(f"qwen3vl-l50 {cmd}: {msg}", file=sys.stderr, flush=True)
     return rc
 
+# a rank that ends by one of these crashed (a C++ abort: a collective of another size, a bad access)
+_CRASHES = (signal.SIGABRT, signal.SIGSEGV, signal.SIGBUS, signal.SIGFPE, signal.SIGILL)
+
 def _signame(n: int) -> str:
     try: return signal.Signals(n).name
     except ValueError: return f"signal {n}"
@@ -162,9 +165,10 @@ def _verdict(cmd: str, rc: int, ended: dict, failed: dict, first, left: list, gr
     if killed := sorted(((r, -c) for r, c in failed.items() if c < 0),
                         key=lambda x: (x[1] == signal.SIGTERM, x[0])):
         r, s = killed[0]
-        oom = " (e.g. out of memory: the kernel's OOM killer)" if s == signal.SIGKILL else ""
-        return _say(cmd, f"error: rank {r} was killed by {_signame(s)}{oom}; the other ranks were "
-                    "stopped", 128 + s)
+        how = (f"crashed ({_signame(s)}: its own message says why)" if s in _CRASHES else
+               f"was killed by {_signame(s)}"
+               + (" (e.g. out of memory: the kernel's OOM killer)" if s == signal.SIGKILL else ""))
+        return _say(cmd, f"error: rank {r} {how}; the other ranks were stopped", 128 + s)
     if first is not None and ended.get(first) is None:   # gone without a code, torchrun silent
         return _say(cmd, f"error: rank {first} ended without an exit code (killed or crashed); the "
                     "other ranks were stopped", 1)
