@@ -6,7 +6,7 @@
 __all__ = ['ONE_SHOT_BYTES', 'EXCHANGE_BYTES', 'EXCHANGE_SLOTS', 'WINDOW_BYTES', 'RC_DIR', 'Group', 'one_shot_sum', 'OneShot',
            'PendingSum', 'sum_terms', 'Exchange', 'window_barrier', 'SymmetricSums', 'encoder_group', 'init_world',
            'gather_objects', 'RemoteTraceback', 'spawn', 'is_rank0', 'agree', 'same_on_ranks', 'report_once',
-           'exit_code']
+           'error_said', 'exit_code']
 
 # %% ../nbs/01_dist.ipynb #5f1fad8f
 import os
@@ -21,6 +21,7 @@ import multiprocessing as mp
 from dataclasses import dataclass
 import torch
 import torch.distributed as dist
+from .deadline import job_timeout, world_timeout
 
 # %% ../nbs/01_dist.ipynb #772c4935
 _OPS = {"sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX}
@@ -296,7 +297,9 @@ def encoder_group(tp: int | None = None, tiled: bool = False) -> Group:
     tiles = [tuple(range(s, s + tp)) for s in range(0, world if tiled else tp, tp)]
     mine = None
     for ranks in tiles:
-        pg = dist.new_group(list(ranks)) if tp > 1 else None
+        # the world's deadline: new_group's own default is 30 min (gloo)
+        pg = (dist.new_group(list(ranks), timeout=datetime.timedelta(seconds=world_timeout()))
+              if tp > 1 else None)
         if me in ranks: mine = Group(pg, ranks, me, pg.group_name if pg else "")
     return mine or Group(None, tiles[0], me)
 
@@ -327,9 +330,10 @@ def _check_device(device: str | None, local_rank: int, world: int) -> torch.devi
     return torch.device("cuda", i)
 
 # %% ../nbs/01_dist.ipynb #a3f272f2
-def init_world(device: str | None = None, timeout_s: int = 120) -> torch.device:
-    ("Join torchrun's world if there is one; return this rank's device (`cuda:LOCAL_RANK` or "
-     "`cpu`), checked.")
+def init_world(device: str | None = None, timeout_s: float | None = None) -> torch.device:
+    ("Join torchrun's world if there is one, its collectives bounded by `job_timeout(timeout_s)`; "
+     "return this rank's device (`cuda:LOCAL_RANK` or `cpu`), checked.")
+    timeout_s = job_timeout(timeout_s)
     world = int(os.environ.get("WORLD_SIZE", 1))
     dev = _check_device(device, int(os.environ.get("LOCAL_RANK", 0)), world)
     cuda = dev.type == "cuda"
@@ -353,11 +357,11 @@ class RemoteTraceback(Exception):
     def __str__(self): return self.args[0]
 
 # %% ../nbs/01_dist.ipynb #f6647515
-def _worker(fn, rank, world, store, args, q, threads):
+def _worker(fn, rank, world, store, args, q, threads, pg_timeout):
     try:
         torch.set_num_threads(threads)
         dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world,
-                                timeout=datetime.timedelta(seconds=60))
+                                timeout=datetime.timedelta(seconds=pg_timeout))
         out = fn(*args)
         buf = io.BytesIO(); torch.save(out, buf)
         q.put((rank, True, buf.getvalue()))
@@ -415,7 +419,10 @@ def spawn(fn, world_size: int, *args, timeout: float = 300, threads: int = 1) ->
     with tempfile.TemporaryDirectory() as d:
         q = ctx.Queue()
         store = os.path.join(d, "store")
-        procs = [ctx.Process(target=_worker, args=(fn, r, world_size, store, args, q, threads),
+        # a collective waits no longer than the whole call may last
+        pg_timeout = min(timeout, job_timeout())
+        procs = [ctx.Process(target=_worker,
+                             args=(fn, r, world_size, store, args, q, threads, pg_timeout),
                              daemon=True) for r in range(world_size)]
         for p in procs: p.start()
         return _collect(procs, q, timeout)
@@ -452,23 +459,35 @@ def same_on_ranks(facts: dict, fix: str):
                          f"{fix}")
 
 # %% ../nbs/01_dist.ipynb #7adbc2e7
+_SAID = "qwen3vl-l50/error/said"   # set by every rank that prints an error
+
 def report_once(msg: str):
     ("Print an error once across the ranks: rank 0's, or another rank's when rank 0 does not have "
      "the same one.")
     rank = dist.get_rank() if dist.is_initialized() else int(os.environ.get("RANK", 0))
-    if rank == 0 or not dist.is_initialized():
+    store = dist.distributed_c10d._get_default_store() if dist.is_initialized() else None
+    if rank == 0 or store is None:
         if rank == 0: print(msg, file=sys.stderr, flush=True)
-        if dist.is_initialized():
-            try: dist.distributed_c10d._get_default_store().set("qwen3vl-l50/error/0", msg)
-            # no store (a world without one): the message is printed all the same
-            except Exception: pass
+        try:
+            if store is not None: store.set("qwen3vl-l50/error/0", msg); store.set(_SAID, "1")
+        # no store (a world without one): the message is printed all the same
+        except Exception: pass
         return
+    # rank 0's message, if it comes within 1 s (polled: a store's timed-out wait logs a warning)
     try:
-        store = dist.distributed_c10d._get_default_store()
-        store.wait(["qwen3vl-l50/error/0"], datetime.timedelta(seconds=1))
-        same = store.get("qwen3vl-l50/error/0").decode() == msg
+        t0, key = time.monotonic(), "qwen3vl-l50/error/0"
+        while not store.check([key]) and time.monotonic() - t0 < 1: time.sleep(0.05)
+        same = store.check([key]) and store.get(key).decode() == msg
     except Exception: same = False   # rank 0 has no error (or no store): this rank's is news
-    if not same: print(f"[rank {rank}] {msg}", file=sys.stderr, flush=True)
+    if not same:
+        print(f"[rank {rank}] {msg}", file=sys.stderr, flush=True)
+        try: store.set(_SAID, "1")
+        except Exception: pass
+
+def error_said() -> bool:
+    "Has a rank of the world printed an error (`report_once`)?"
+    try: return dist.distributed_c10d._get_default_store().check([_SAID])
+    except Exception: return False
 
 # %% ../nbs/01_dist.ipynb #551f5f3d
 # set by the CLI's launcher for its ranks: where each writes its exit code

@@ -504,3 +504,58 @@ def test_validate_calls_run_validate_with_keywords(monkeypatch, tmp_path):
     assert got == [dict(model=str(tmp_path / "m"), prompts=str(tmp_path / "p.jsonl"), out=str(tmp_path / "r"),
                         layer=3, tp=[1], reduce=["fp32"], quant=[None], fp8_granularity=["channel"],
                         mode=["exact", "fast"], ref_dtype="fp32", device="cpu", max_pixels=None)], got
+
+
+FAULTS = {"kill": "rank 1 was killed by SIGKILL (e.g. out of memory",
+          "raise": "[rank 1] qwen3vl-l50 encode: error: RuntimeError: rank 1 meets an injected fault",
+          "hang": "did not answer within the 10 s deadline", "stop": "did not answer within the 10 s deadline"}
+
+
+@pytest.mark.parametrize("how", list(FAULTS))
+def test_a_failed_rank_ends_encode_nproc(how, ckpt, inputs, faulty, tmp_path):
+    ("`encode --nproc 2 --timeout 10` whose rank 1 is killed, raises, hangs or is stopped (SIGSTOP) in its first "
+     "`encode`: every process is gone within 40 s (the deadline, the launcher's 10 s grace, 5 s to SIGKILL and the "
+     "polls), exit code nonzero, no traceback, the cause said in a line.")
+    f, _ = inputs
+    rc, err, took = faulty(["encode", "--nproc", 2, "--timeout", 10, "--model", ckpt, "--layer", 3, "--inputs", f,
+                            "--out", tmp_path / "o.safetensors"], how, 1, "qwen3vl_l50_nbdev.encoder:Encoder.encode",
+                           40)
+    print(f"encode --nproc 2, rank 1 {how}: every process gone {took:.1f} s after the fault\n{err}")
+    assert rc != 0 and "Traceback" not in err and FAULTS[how] in err, err[-3000:]
+    said = [line for line in err.splitlines() if FAULTS[how] in line]   # once, on a line of its own
+    assert len(said) == 1 and said[0].startswith(("qwen3vl-l50 encode: error: ", "[rank 1] ")), err[-3000:]
+    assert not (tmp_path / "o.safetensors").exists()
+
+
+def _cmdline(pid: int) -> str:
+    try: return open(f"/proc/{pid}/cmdline").read().replace("\0", " ")
+    except OSError: return ""
+
+
+@pytest.mark.parametrize("cmd", ["encode", "check"])
+@pytest.mark.parametrize("victim", ["launcher", "torchrun"])
+def test_ranks_end_with_their_launcher(victim, cmd, ckpt, inputs, faulty, tmp_path):
+    ("`encode`/`check --nproc 2` whose rank 1 is stuck in a C call (no Python handler runs there): the launcher, or "
+     "torchrun, killed with SIGKILL: every rank is gone within 15 s (the kernel's SIGTERM to an orphan, the "
+     "watchdog's 5 s).")
+    f, _ = inputs
+    argv = [cmd, "--nproc", 2, "--model", ckpt, "--layer", 3, "--inputs", f]
+    if cmd == "encode": argv += ["--out", tmp_path / "o.safetensors"]
+    def kill(p, procs):
+        pid = p.pid if victim == "launcher" else next(q for q in procs if "torch.distributed.run" in _cmdline(q))
+        os.kill(pid, signal.SIGKILL)
+    rc, err, took = faulty(argv, "stuck", 1, "qwen3vl_l50_nbdev.encoder:Encoder.encode", 15, kill)
+    print(f"{cmd} --nproc 2, rank 1 stuck, {victim} SIGKILLed: every process gone {took:.1f} s after the fault")
+    assert rc != 0
+
+
+def test_sigterm_inside_one_long_c_call(ckpt, inputs, faulty, tmp_path):
+    "One process stuck inside one C call (as a 300,000-token forward is) is sent SIGTERM: it ends within ~5 s, a line."
+    f, _ = inputs
+    rc, err, took = faulty(["encode", "--model", ckpt, "--layer", 3, "--inputs", f, "--out",
+                            tmp_path / "o.safetensors"],
+                           "stuck", "single", "qwen3vl_l50_nbdev.encoder:Encoder.encode", 10,
+                           lambda p, procs: os.kill(p.pid, signal.SIGTERM))
+    print(f"encode, stuck in a C call, SIGTERM: gone {took:.1f} s after the fault (1 s after it: the signal)")
+    assert rc == 128 + signal.SIGTERM and "qwen3vl-l50 encode: interrupted by SIGTERM: still busy 5 s later" in err, err
+    assert "Traceback" not in err and not (tmp_path / "o.safetensors").exists()

@@ -381,3 +381,24 @@ def test_failure_in_a_tp_group_ends_every_rank(nproc, fail, ckpt, long, tmp_path
     assert ended - float(at.read_text()) < 30, f"the job ended {ended - float(at.read_text()):.0f} s after the failure"
     assert p.returncode == 2 and f"rank {fail} cannot go on: its device is lost" in err, err[-3000:]
     assert err.count("cannot go on") == 1 and "Traceback" not in err, err[-3000:]
+
+
+DATASET_FAULTS = {"kill": "rank 1 was killed by SIGKILL (e.g. out of memory", "raise": "rank 1 meets an injected fault",
+                  "hang": "did not answer within the 10 s deadline", "stop": "did not answer within the 10 s deadline"}
+
+
+@pytest.mark.parametrize("layout", ["tp2", "replicas"])
+@pytest.mark.parametrize("how", list(DATASET_FAULTS))
+def test_a_failed_rank_ends_the_job(how, layout, ckpt, long, faulty, tmp_path):
+    ("`--timeout 10`, 2 ranks as one TP-2 replica or two replicas; rank 1 is killed, raises, hangs or is stopped "
+     "(SIGSTOP) at its first batch: every process is gone within 45 s, exit code nonzero, no traceback, the cause said "
+     "once. Two replicas: rank 0 ends its own batches, then waits for rank 1's shards at most the deadline.")
+    more = ["--tp", 2] if layout == "tp2" else []
+    rc, err, took = faulty([*args(ckpt, long, tmp_path / "o", "--batch-tokens", 6000, "--timeout", 10, "--nproc", 2,
+                                  *more)], how, 1, "qwen3vl_l50_nbdev.dataset.shards:run_batch", 45)
+    print(f"encode-dataset {layout}, rank 1 {how}: every process gone {took:.1f} s after the fault\n{err}")
+    want = "no new shard for 10 s" if layout == "replicas" and how in ("hang", "stop") else DATASET_FAULTS[how]
+    assert rc != 0 and "Traceback" not in err and want in err, err[-3000:]
+    assert err.count(want) == 1 and not (tmp_path / "o" / MANIFEST).exists(), err[-3000:]
+    said = [line for line in err.splitlines() if want in line]   # (a bar's redraws split at "\r" too)
+    assert said[0].startswith(("qwen3vl-l50 encode-dataset: error: ", "[rank 1] ")), said   # not glued to the bar

@@ -4,8 +4,10 @@ import os
 import time
 import signal
 import pytest
+import torch
 import torch.distributed as dist
-from qwen3vl_l50_nbdev.dist import spawn
+from qwen3vl_l50_nbdev.deadline import TIMEOUT, rank_error
+from qwen3vl_l50_nbdev.dist import encoder_group, spawn
 
 
 def _die_on(bad, how):
@@ -32,3 +34,19 @@ def test_whole_call_is_bounded():
     with pytest.raises(TimeoutError, match=r"no result from ranks \[0\]"):
         spawn(_hang, 2, timeout=5)
     assert time.monotonic() - t0 < 30
+
+
+def _peer_hangs():
+    g = encoder_group(2)
+    if g.rank == 1: time.sleep(3600)   # a rank stuck in a forward: its peer waits in the group's sum
+    try: g.all_reduce(torch.ones(4))
+    except RuntimeError as e: raise RuntimeError(rank_error(e)) from None
+
+
+def test_encoder_group_takes_the_worlds_deadline(monkeypatch):
+    "A peer that never joins the encoder group's sum: the sum raises at the world's deadline (4 s), saying so."
+    monkeypatch.setenv(TIMEOUT, "4")
+    t0 = time.monotonic()
+    with pytest.raises(RuntimeError, match=r"rank 0: RuntimeError: Timed out .* within the 4 s deadline"):
+        spawn(_peer_hangs, 2, timeout=50)
+    assert time.monotonic() - t0 < 20   # 4 s and the ranks' start (a new group once waited 30 min)

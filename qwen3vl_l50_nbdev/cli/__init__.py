@@ -10,11 +10,13 @@ import os
 import sys
 import signal
 import argparse
+import traceback
 import importlib
 from typing import NamedTuple
 # torch-free: `--help` imports no torch and no command module
 from ..inputs.tokenizer import prefetch, _PREFETCHED
-from .launch import launch, _on_signals
+from .launch import RC_DIR, launch, _on_signals
+from .watchdog import Watchdog, rank_started
 
 # %% ../../nbs/12_cli.ipynb #9c694519
 class Command(NamedTuple):
@@ -114,13 +116,15 @@ _GOT: list = []   # the signals that arrived during `main`'s command
 
 def _interrupt(signum, frame):
     _GOT.append(signum)
-    raise Interrupted(signum)
+    # once: a second signal (torchrun passes one on, a user presses Ctrl-C twice) must not break
+    # the way out that the first one started (the watchdog ends a stuck one)
+    if len(_GOT) == 1: raise Interrupted(signum)
 
 # %% ../../nbs/12_cli.ipynb #1b0b0b07
 def _interrupted(cmd: str, signum: int) -> int:
     "Say that `cmd` was interrupted by `signum` (rank 0), and return the shell's code for it."
     from qwen3vl_l50_nbdev.dist import is_rank0
-    if is_rank0():
+    if is_rank0() and RC_DIR not in os.environ:   # under the launcher, the launcher says it
         print(f"qwen3vl-l50 {cmd}: interrupted by {signal.Signals(signum).name}", file=sys.stderr)
     return 128 + signum
 
@@ -162,39 +166,48 @@ def main(argv=None) -> int:
     launches = a.cmd in ("encode", "check", "validate", "encode-dataset")
     if launches and a.nproc is not None and "WORLD_SIZE" not in os.environ:
         if a.nproc < 1: return _fail(a.cmd, f"--nproc {a.nproc}: give 1 or more ranks")
-        rc = launch([x for i, x in enumerate(argv) if not _nproc(argv, i)], a.nproc, f"{a.cmd}")
-        if rc > 128:
-            print(f"qwen3vl-l50 {a.cmd}: interrupted by {signal.Signals(rc - 128).name}: torchrun "
-                  f"and its {a.nproc} rank(s) were stopped", file=sys.stderr)
-        return rc
+        # the launcher says what stopped the job: a signal, a rank killed, ranks left hanging
+        return launch([x for i, x in enumerate(argv) if not _nproc(argv, i)], a.nproc, f"{a.cmd}")
     _tokenizer_early(a)
     # here, not at the top: `--help` and the launcher import no torch
     import torch.distributed as dist
-    from qwen3vl_l50_nbdev.dist import exit_code, report_once
+    from qwen3vl_l50_nbdev.deadline import DEBUG, peer_trouble, rank_error
+    from qwen3vl_l50_nbdev.dist import error_said, exit_code, report_once
+    if "WORLD_SIZE" in os.environ: rank_started()   # a rank of torchrun's: it ends with torchrun
     _GOT.clear()
     old = _on_signals(_interrupt)
-    try:
-        rc = command(a.cmd).run(a) or 0
-    except Interrupted as e:
-        # Ctrl-C, or a scheduler's SIGTERM: one line, the shell's code (a temp file is removed)
-        rc = _interrupted(a.cmd, e.signum)
-    except Exception as e:
-        # a C call (torch's, safetensors') can swallow `Interrupted` and raise an error of its
-        # own: still the signal
-        if _GOT: rc = _interrupted(a.cmd, _GOT[0])
-        elif isinstance(e, (ValueError, OSError)):
-            # bad input, a file that can't be read or written: the message
-            report_once(f"qwen3vl-l50 {a.cmd}: error: {e}")
-            rc = 2
-        elif missing := missing_package(e):
-            report_once(f"qwen3vl-l50 {a.cmd}: error: {missing}")
-            rc = 2
-        else: raise
-    finally:
-        for s, h in old.items(): signal.signal(s, h)
-        if dist.is_initialized(): dist.destroy_process_group()
-        # a tokenizer started for this command and not taken (it failed first) is not kept: the
-        # next call in this process reads the files again
-        _PREFETCHED.clear()
+    # a signal not acted on in 5 s (inside a long C call) ends the process; the launcher says it
+    # for its ranks, else rank 0 does
+    with Watchdog(a.cmd, say=RC_DIR not in os.environ and os.environ.get("RANK", "0") == "0"):
+        try:
+            rc = command(a.cmd).run(a) or 0
+        except Interrupted as e:
+            # Ctrl-C, or a scheduler's SIGTERM: one line, the shell's code (a temp file is removed)
+            rc = _interrupted(a.cmd, e.signum)
+        except Exception as e:
+            # a C call (torch's, safetensors') can swallow `Interrupted` and raise an error of its
+            # own: still the signal
+            if _GOT: rc = _interrupted(a.cmd, _GOT[0])
+            elif isinstance(e, (ValueError, OSError)):
+                # bad input, a file that can't be read or written: the message
+                report_once(f"qwen3vl-l50 {a.cmd}: error: {e}")
+                rc = 2
+            elif missing := missing_package(e):
+                report_once(f"qwen3vl-l50 {a.cmd}: error: {missing}")
+                rc = 2
+            elif dist.is_initialized() and dist.get_world_size() > 1:
+                # a rank's failure, or a peer's seen from here (a collective timed out, its peer
+                # gone): one line; none for what another rank's error, said already, caused here
+                if not (peer_trouble(e) and error_said()):
+                    report_once(f"qwen3vl-l50 {a.cmd}: error: {rank_error(e)}")
+                if os.environ.get(DEBUG): traceback.print_exc()
+                rc = 2
+            else: raise
+        finally:
+            for s, h in old.items(): signal.signal(s, h)
+            if dist.is_initialized(): dist.destroy_process_group()
+            # a tokenizer started for this command and not taken (it failed first) is not kept: the
+            # next call in this process reads the files again
+            _PREFETCHED.clear()
     # under `launch`: the code goes to the launcher, and bad input is done for torchrun
     return exit_code(rc)

@@ -21,7 +21,7 @@ def cmd_check(a) -> int:
     from qwen3vl_l50_nbdev.dist import init_world, is_rank0
     from qwen3vl_l50_nbdev.check.contract import parity, why
     from qwen3vl_l50_nbdev.check.hf import hf_reference
-    dev = init_world(a.device)
+    dev = init_world(a.device, a.timeout)
     inputs = {k: v for k, v in _load_inputs(a, EncoderConfig.from_hf(a.model, a.layer))[0].items()
               if v is not None}
     enc = _encoder(a, dev)

@@ -6,22 +6,18 @@
 __all__ = ['run', 'cmd_encode_dataset', 'dataset_args', 'add_args']
 
 # %% ../../nbs/12i_cli_dataset.ipynb #3e6cf04a
-import os
 import argparse
 from ..settings import Numerics, add_numerics
 from .args import prompts_args, run_args
-from .launch import die_with_parent
 
 # %% ../../nbs/12i_cli_dataset.ipynb #725f567c
 def cmd_encode_dataset(a) -> int:
     ("Encode a prompts file into `--out` on every rank of the world (replicas x `--tp`; `dataset`, "
      "imported only here); rank 0 says what was done.")
-    # torchrun's agent killed: this rank stops too
-    if "TORCHELASTIC_RUN_ID" in os.environ: die_with_parent()
     from qwen3vl_l50_nbdev.dist import is_rank0
     from qwen3vl_l50_nbdev.dataset import encode_dataset
     s = encode_dataset(a.model, a.prompts, a.out, a.layer, a.tp, Numerics.from_args(a), a.device,
-                       a.batch_tokens, a.cache, a.overwrite, a.max_pixels)
+                       a.batch_tokens, a.cache, a.overwrite, a.max_pixels, timeout=a.timeout)
     if s is not None and is_rank0(): print(f"{s}; in {a.out}", flush=True)
 
 # %% ../../nbs/12i_cli_dataset.ipynb #c8e233ba

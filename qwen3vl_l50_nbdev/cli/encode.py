@@ -29,7 +29,7 @@ def cmd_encode(a):
     from qwen3vl_l50_nbdev.config import EncoderConfig, checkpoint_dir
     from qwen3vl_l50_nbdev.dist import init_world, is_rank0, agree
     from qwen3vl_l50_nbdev.files import check_apart, write_out
-    dev = init_world(a.device)
+    dev = init_world(a.device, a.timeout)
     # only rank 0 writes: its view of --out decides
     agree(lambda: check_apart(a.out, _input_files(a)))
     ck = checkpoint_dir(a.model)   # its config.json read once, for the processor and the encoder

@@ -8,7 +8,9 @@ __all__ = ['RC_DIR', 'command_line', 'die_with_parent', 'launch']
 # %% ../../nbs/12c_cli_launch.ipynb #9c6fa583
 import os
 import ctypes
+import json
 import sys
+import time
 import shlex
 import signal
 import threading
@@ -44,19 +46,28 @@ def _on_signals(handler) -> dict:
 # %% ../../nbs/12c_cli_launch.ipynb #03240637
 RC_DIR = "QWEN3VL_L50_RC_DIR"   # `dist.RC_DIR`, spelled here: the launcher imports no torch
 
-# torchrun, quiet when stopped by a signal: the launcher says it in one line
-_TORCHRUN = ("import logging, sys\n"
+# torchrun, quiet when it stops: the launcher says why in one line (a signal; the ranks that failed,
+# which it leaves in RC_DIR/failed.json: rank -> exit code, -N for signal N)
+_TORCHRUN = ("import json, logging, os, sys\n"
              "from torch.distributed.run import main\n"
              "from torch.distributed.elastic.multiprocessing.api import SignalException\n"
-             "logging.getLogger('torch.distributed.elastic').setLevel(logging.ERROR)\n"
+             "from torch.distributed.elastic.multiprocessing.errors import ChildFailedError\n"
+             "for n in list(logging.root.manager.loggerDict):\n"   # each has its own level
+             "    if n.startswith('torch.distributed'):\n"
+             "        logging.getLogger(n).setLevel(logging.CRITICAL)\n"
              "try: main(sys.argv[1:])\n"
-             "except SignalException as e: sys.exit(128 + int(e.sigval))\n")
+             "except SignalException as e: sys.exit(128 + int(e.sigval))\n"
+             "except ChildFailedError as e:\n"
+             f"    with open(os.path.join(os.environ['{RC_DIR}'], 'failed.json'), 'w') as f:\n"
+             "        json.dump({r: x.exitcode for r, x in e.failures.items()}, f)\n"
+             "    sys.exit(1)\n")
 
-def launch(args: list[str], n: int, what: str = "running") -> int:
+def launch(args: list[str], n: int, what: str = "running", grace: float = 10) -> int:
     ("`qwen3vl-l50 args` on `n` local ranks under torchrun; returns the CLI's exit code (2 for bad "
      "input, said once), not torchrun's 1 with its launcher traceback. SIGINT and SIGTERM go on to "
-     "torchrun, which stops the ranks; it is waited for, and the code is 128 + the signal's "
-     "number.")
+     "torchrun, which stops the ranks: the code is 128 + the signal's number. A rank that fails "
+     "or dies while others are still there `grace` s later: they are stopped (`_supervise`), and "
+     "the one line says which rank ended the job and how.")
     argv = [f"--nproc_per_node={n}", "--standalone", "-m", "qwen3vl_l50_nbdev.cli", *args]
     print(f"{what} on {n} rank{'' if n == 1 else 's'}: "
           f"{command_line(['-m', 'torch.distributed.run', *argv])}", flush=True)
@@ -69,9 +80,105 @@ def launch(args: list[str], n: int, what: str = "running") -> int:
                              preexec_fn=die_with_parent)
         def forward(sig, frame): got.append(sig); p.send_signal(sig)
         old = _on_signals(forward)
-        try: rc = p.wait()   # a signal runs `forward`, then the wait goes on
+        try: first, left = _supervise(p, Path(d), grace)   # a signal runs `forward`, then on
         finally:
             for s, h in old.items(): signal.signal(s, h)
-        codes = [int(f.read_text()) for f in Path(d).glob("rc.*")]
-    if got: return 128 + got[0]
+        ended, failed = _ended(Path(d)), _failed(Path(d))
+    if got: return _say(args[0], f"interrupted by {signal.Signals(got[0]).name}: torchrun and its "
+                        f"{n} rank(s) were stopped", 128 + got[0])
+    return _verdict(args[0], p.returncode, ended, failed, first, left, grace)
+
+# %% ../../nbs/12c_cli_launch.ipynb #df6d2fe6
+def _alive(pid: int) -> bool:
+    "Is process `pid` there (and not a zombie waiting for its parent)?"
+    try: os.kill(pid, 0)
+    except ProcessLookupError: return False
+    except PermissionError: return True
+    try: return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError): return True   # no /proc: os.kill's answer
+
+def _ended(d: Path) -> dict:
+    ("The ranks that have ended: rank -> the CLI's code it left (`rc.RANK`), or None for one gone "
+     "without one (killed, crashed).")
+    codes = {int(f.suffix[1:]): int(t) for f in d.glob("rc.*") if (t := f.read_text().strip())}
+    for f in d.glob("pid.*"):
+        if int(f.suffix[1:]) not in codes and not _alive(int(f.read_text())):
+            codes[int(f.suffix[1:])] = None
+    return codes
+
+def _failed(d: Path) -> dict:
+    "torchrun's failed ranks: rank -> exit code (-N: signal N); empty if none failed."
+    try: return {int(r): c for r, c in json.loads((d / "failed.json").read_text()).items()}
+    except (OSError, ValueError): return {}
+
+
+# %% ../../nbs/12c_cli_launch.ipynb #8c2a143f
+def _supervise(p, d: Path, grace: float, every: float = 0.25) -> tuple:
+    ("Wait for torchrun `p`; once a rank has failed and others are still there `grace` s later, "
+     "stop them (`_stop`). The first failed rank (or None) and the ranks that were stopped.")
+    first = since = None
+    while p.poll() is None:
+        ended = _ended(d)
+        if first is None and (bad := [r for r, c in ended.items() if c != 0]):
+            # a rank gone without a code is the likelier cause: the others' errors follow from it
+            first, since = min(bad, key=lambda r: (ended[r] is not None, r)), time.monotonic()
+        if first is not None and time.monotonic() - since > grace:
+            left = {int(f.suffix[1:]): int(f.read_text()) for f in d.glob("pid.*")
+                    if int(f.suffix[1:]) not in ended}
+            _stop(p, left.values())
+            return first, sorted(left)
+        try: p.wait(every)
+        except subprocess.TimeoutExpired: pass
+    return first, []
+
+def _stop(p, pids, wait: float = 5):
+    "SIGTERM to torchrun `p` and the ranks `pids`; SIGKILL to those still there `wait` s later."
+    def send(sig):
+        for pid in pids:
+            try: os.kill(pid, sig)
+            except ProcessLookupError: pass
+        if p.poll() is None: p.send_signal(sig)
+    send(signal.SIGTERM)
+    t0 = time.monotonic()
+    while (p.poll() is None or any(map(_alive, pids))) and time.monotonic() - t0 < wait:
+        time.sleep(0.1)
+    send(signal.SIGKILL)
+    p.wait()
+
+
+# %% ../../nbs/12c_cli_launch.ipynb #e66ded74
+def _say(cmd: str, msg: str, rc: int) -> int:
+    print(f"qwen3vl-l50 {cmd}: {msg}", file=sys.stderr, flush=True)
+    return rc
+
+# a rank that ends by one of these crashed (a C++ abort: a collective of another size, a bad access)
+_CRASHES = (signal.SIGABRT, signal.SIGSEGV, signal.SIGBUS, signal.SIGFPE, signal.SIGILL)
+
+def _signame(n: int) -> str:
+    try: return signal.Signals(n).name
+    except ValueError: return f"signal {n}"
+
+def _verdict(cmd: str, rc: int, ended: dict, failed: dict, first, left: list, grace: float) -> int:
+    ("The job's exit code from torchrun's `rc`, the ranks' codes (`ended`), torchrun's `failed` "
+     "ranks and what `_supervise` did; said in one line where the ranks did not say it.")
+    # SIGTERM last: torchrun sends it to the others once one has failed
+    if killed := sorted(((r, -c) for r, c in failed.items() if c < 0),
+                        key=lambda x: (x[1] == signal.SIGTERM, x[0])):
+        r, s = killed[0]
+        how = (f"crashed ({_signame(s)}: its own message says why)" if s in _CRASHES else
+               f"was killed by {_signame(s)}"
+               + (" (e.g. out of memory: the kernel's OOM killer)" if s == signal.SIGKILL else ""))
+        return _say(cmd, f"error: rank {r} {how}; the other ranks were stopped", 128 + s)
+    if first is not None and ended.get(first) is None:   # gone without a code, torchrun silent
+        return _say(cmd, f"error: rank {first} ended without an exit code (killed or crashed); the "
+                    "other ranks were stopped", 1)
+    if left:
+        _say(cmd, f"error: rank(s) {', '.join(map(str, left))} still running {grace:g} s after "
+             f"rank {first} failed: stopped", 0)
+        return ended[first]
+    if rc < 0 and not ended:
+        return _say(cmd, f"error: torchrun was killed by {_signame(-rc)}; its ranks were stopped",
+                    128 - rc)
+    codes = [c for c in ended.values() if c is not None]
     return max(codes) if codes and max(codes) else rc
+

@@ -15,10 +15,11 @@ def cmd_validate(a) -> int:
     ("Every variant against transformers' fp32 reference on a prompts file, layer by layer "
      "(`validate`, imported only here); rank 0 writes the report; 1 when a variant is outside its "
      "contract.")
+    from qwen3vl_l50_nbdev.deadline import job_timeout
     from qwen3vl_l50_nbdev.dist import init_world
     from qwen3vl_l50_nbdev.check.validate import run_validate
     # the other ranks wait for rank 0's reference (minutes at 50 layers)
-    init_world(a.device, timeout_s=3600)
+    init_world(a.device, job_timeout(a.timeout, default=3600))
     return run_validate(**validate_kwargs(a))
 
 # %% ../../nbs/12h_cli_validate.ipynb #8477bb4c
@@ -76,6 +77,7 @@ def add_args(s: argparse.ArgumentParser):
     "The options of `validate`: the checkpoint and prompts, the variants, how it runs."
     prompts_args(s)
     validate_args(s)
-    run_args(s, ranks="at least the largest --tp")
+    # the other ranks wait for rank 0's fp32 reference: minutes at 50 layers
+    run_args(s, ranks="at least the largest --tp", timeout="3600")
 
 run = cmd_validate

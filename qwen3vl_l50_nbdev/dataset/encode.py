@@ -21,6 +21,7 @@ import torch.distributed as dist
 from safetensors import safe_open
 import qwen3vl_l50_nbdev
 from ..config import EncoderConfig
+from ..deadline import rank_error, world_timeout
 from ..dist import (encoder_group, init_world, is_rank0, agree, report_once,
                                     exit_code, same_on_ranks)
 from ..encoder import Encoder
@@ -85,17 +86,26 @@ def _watch(run: str, stop: threading.Event, grace: float = 10, every: float = 0.
         try: err = _peers(run, skip=me)[0] if store.check([flag]) else None
         except Exception: return   # the store is gone: torchrun is ending the job
         if err is not None and not stop.wait(grace):
+            if me == 0: print(file=sys.stderr)   # off rank 0's progress bar: a line of its own
             report_once(f"qwen3vl-l50 encode-dataset: error: {err}")
             os._exit(exit_code(2))   # the main thread may be inside a collective that never returns
 
 # %% ../../nbs/15e_dataset_encode.ipynb #e81ae87a
 def _wait(bar, batches: list, run: str):
     ("Rank 0: until every shard is there, or every rank has ended (a shard missing: `check_shards` "
-     "names it); a `ValueError` with another rank's error as soon as it reports one.")
-    while len(bar.poll()) < len(batches):
+     "names it); a `ValueError` with another rank's error as soon as it reports one, or once no "
+     "shard has come for the world's deadline (a replica hung or stopped).")
+    limit = world_timeout() if dist.is_initialized() else float("inf")
+    seen, since = -1, time.monotonic()
+    while (n := len(bar.poll())) < len(batches):
         err, ended = _peers(run)
         if err: raise ValueError(err)
         if ended: return
+        if n > seen: seen, since = n, time.monotonic()
+        elif time.monotonic() - since > limit:
+            raise ValueError(f"no new shard for {limit:g} s ({len(batches) - n} of {len(batches)} "
+                             "still to come): another replica's rank is hung or stopped (the "
+                             "deadline: --timeout, or $QWEN3VL_L50_TIMEOUT)")
         time.sleep(0.2)
 
 # %% ../../nbs/15e_dataset_encode.ipynb #ea6e78c9
@@ -148,11 +158,12 @@ def encode_dataset(model,                            # checkpoint directory (HF 
                    max_pixels: int | None = None,    # pixels at most of an image or video frame
                    progress: bool = True,            # rank 0's progress bar
                    command: str | None = None,       # the command line, for the provenance
+                   timeout: float | None = None,     # seconds a rank waits for its peers (600)
                    ) -> Summary:
     ("Encode every prompt of `prompts_file` into `out` (on every rank of the world); the `Summary` "
      "on rank 0 (on every rank when all was done already), None on the others.")
-    # a collective waits at most 10 min for a peer
-    t0, dev = time.perf_counter(), init_world(device, timeout_s=600)
+    # a collective, or rank 0's wait for the shards, waits at most `timeout` for a peer
+    t0, dev = time.perf_counter(), init_world(device, timeout)
     world = dist.get_world_size() if dist.is_initialized() else 1
     if tp < 1 or world % tp:
         raise ValueError(f"--tp {tp}: the {world} ranks are replicas x TP; choose a TP size "
@@ -247,7 +258,9 @@ def _encode(model, prompts_file, out, t0, dev, world, tp, cfg, numerics, proc, p
             # its exit, a symptom)
             peer = _peers(run, skip=rank)[0] if isinstance(e, Exception) else None
             said = isinstance(e, Exception) and str(e)
-            own = str(e) if said else f"rank {rank}: {type(e).__name__}"
+            # as `main` says it
+            own = (str(e) if isinstance(e, (ValueError, OSError)) else rank_error(e)) if said else (
+                f"rank {rank}: {type(e).__name__}")
             _ended(run, peer or own)
             if rank and isinstance(e, Exception): _heard()
             if peer is None: raise
