@@ -5,8 +5,7 @@
 # %% auto #0
 __all__ = ['ONE_SHOT_BYTES', 'EXCHANGE_BYTES', 'EXCHANGE_SLOTS', 'WINDOW_BYTES', 'RC_DIR', 'Group', 'one_shot_sum', 'OneShot',
            'PendingSum', 'sum_terms', 'Exchange', 'window_barrier', 'SymmetricSums', 'encoder_group', 'init_world',
-           'gather_objects', 'RemoteTraceback', 'spawn', 'is_rank0', 'agree', 'same_on_ranks', 'report_once',
-           'error_said', 'exit_code']
+           'gather_objects', 'RemoteTraceback', 'spawn', 'is_rank0', 'agree', 'same_on_ranks', 'exit_code']
 
 # %% ../nbs/01_dist.ipynb #5f1fad8f
 import os
@@ -457,37 +456,6 @@ def same_on_ranks(facts: dict, fix: str):
         more = f" (and {len(diff) - 3} more)" if len(diff) > 3 else ""
         raise ValueError(f"the ranks disagree on what they encode: {'; '.join(diff[:3])}{more}: "
                          f"{fix}")
-
-# %% ../nbs/01_dist.ipynb #7adbc2e7
-_SAID = "qwen3vl-l50/error/said"   # set by every rank that prints an error
-
-def report_once(msg: str):
-    ("Print an error once across the ranks: rank 0's, or another rank's when rank 0 does not have "
-     "the same one.")
-    rank = dist.get_rank() if dist.is_initialized() else int(os.environ.get("RANK", 0))
-    store = dist.distributed_c10d._get_default_store() if dist.is_initialized() else None
-    if rank == 0 or store is None:
-        if rank == 0: print(msg, file=sys.stderr, flush=True)
-        try:
-            if store is not None: store.set("qwen3vl-l50/error/0", msg); store.set(_SAID, "1")
-        # no store (a world without one): the message is printed all the same
-        except Exception: pass
-        return
-    # rank 0's message, if it comes within 1 s (polled: a store's timed-out wait logs a warning)
-    try:
-        t0, key = time.monotonic(), "qwen3vl-l50/error/0"
-        while not store.check([key]) and time.monotonic() - t0 < 1: time.sleep(0.05)
-        same = store.check([key]) and store.get(key).decode() == msg
-    except Exception: same = False   # rank 0 has no error (or no store): this rank's is news
-    if not same:
-        print(f"[rank {rank}] {msg}", file=sys.stderr, flush=True)
-        try: store.set(_SAID, "1")
-        except Exception: pass
-
-def error_said() -> bool:
-    "Has a rank of the world printed an error (`report_once`)?"
-    try: return dist.distributed_c10d._get_default_store().check([_SAID])
-    except Exception: return False
 
 # %% ../nbs/01_dist.ipynb #551f5f3d
 # set by the CLI's launcher for its ranks: where each writes its exit code

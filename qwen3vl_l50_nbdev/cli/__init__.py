@@ -172,7 +172,8 @@ def main(argv=None) -> int:
     # here, not at the top: `--help` and the launcher import no torch
     import torch.distributed as dist
     from qwen3vl_l50_nbdev.deadline import DEBUG, peer_trouble, rank_error
-    from qwen3vl_l50_nbdev.dist import error_said, exit_code, report_once
+    from qwen3vl_l50_nbdev.deadline import error_said, report_once
+    from qwen3vl_l50_nbdev.dist import exit_code
     if "WORLD_SIZE" in os.environ: rank_started()   # a rank of torchrun's: it ends with torchrun
     _GOT.clear()
     old = _on_signals(_interrupt)

@@ -21,9 +21,9 @@ import torch.distributed as dist
 from safetensors import safe_open
 import qwen3vl_l50_nbdev
 from ..config import EncoderConfig
-from ..deadline import rank_error, world_timeout
-from ..dist import (encoder_group, init_world, is_rank0, agree, report_once,
-                                    exit_code, same_on_ranks)
+from ..deadline import rank_error, world_timeout, report_once
+from ..dist import (encoder_group, init_world, is_rank0, agree, exit_code,
+                                    same_on_ranks)
 from ..encoder import Encoder
 from ..inputs.processor import Processor
 from ..inputs.prompts import read_prompts, process_prompt
