@@ -40,10 +40,11 @@ ONE := OMP_NUM_THREADS=1
 nbtest: install
 	$(ACT) && $(ONE) nbdev_test --n_workers 2 --timing
 
-# the stored CPU runs (01-03's CSVs) computed once more under the avx2 and default kernels and two threads: what another
-# machine may change must pass (00b_report's stored_runs); part of `make pytest`, here on its own
+# the stored CPU runs (01-03's CSVs) computed once more, whole, under the avx2 and default kernels and two threads (what
+# another machine may change must pass: 00b_report's stored_runs), and the quick check that `make pytest` runs on those
+# paths failing on four broken variants; CI runs it after `make test`
 stored: install
-	$(ACT) && $(ONE) pytest -q -n 3 tests/test_stored.py
+	$(ACT) && $(ONE) QWEN3VL_L50_STORED=whole pytest -q -n 3 tests/test_stored.py
 
 pytest: install   # -rs lists every skipped test with its reason; a skip is named again on the last line
 	@$(ACT) && { log=$$(mktemp); $(ONE) pytest -q -rs -n 2 --dist worksteal --durations=15 tests 2>&1 | tee $$log; rc=$${PIPESTATUS[0]}; \

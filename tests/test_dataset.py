@@ -299,19 +299,26 @@ def test_vanished_shard_ends_the_job(ckpt, long, tmp_path):
 
 def test_second_job_on_the_same_out_is_refused(ckpt, long, tmp_path):
     "A job on a DIR in use, even with --overwrite, is refused naming the first; the first ends whole."
-    out = tmp_path / "o"
-    cmd = [*CLI, *args(ckpt, long, out, "--batch-tokens", 9000)]
-    p = subprocess.Popen(cmd, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    out, few = tmp_path / "o", tmp_path / "few.jsonl"
+    few.write_text("".join(long.read_text().splitlines(keepends=True)[:8]))   # 8 long prompts: shards after job.json
+    cmd = [*CLI, *args(ckpt, few, out, "--batch-tokens", 9000)]
+    p = subprocess.Popen(cmd, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                         start_new_session=True)
     try:
-        t0 = time.monotonic()
-        while not (out / "job.json").exists() and p.poll() is None and time.monotonic() - t0 < 120: time.sleep(0.02)
-        r = run(*args(ckpt, long, out, "--batch-tokens", 9000)[:-2], "--layer", "2", "--overwrite")
+        t0 = time.monotonic()   # job.json is written once the lock is taken: then the first job is stopped
+        while not (out / "job.json").exists() and p.poll() is None and time.monotonic() - t0 < 120: time.sleep(0.01)
+        assert p.poll() is None, p.communicate()[1][-2000:]
+        os.killpg(p.pid, signal.SIGSTOP)   # it holds the lock however long the second job takes
+        assert p.poll() is None and f'"pid": {p.pid}' in (out / ".lock").read_text(), "the first job ended first"
+        r = run(*args(ckpt, few, out, "--batch-tokens", 9000)[:-2], "--layer", "2", "--overwrite")
         assert r.returncode == 2 and f"is in use by another encode-dataset job (pid {p.pid} on" in r.stderr, r.stderr
+        os.killpg(p.pid, signal.SIGCONT)
         try: _, err = p.communicate(timeout=300)
         except subprocess.TimeoutExpired: pytest.fail("the first job did not end")
-    finally: p.kill()
+    finally:
+        if p.poll() is None: os.killpg(p.pid, signal.SIGKILL)
     assert p.returncode == 0, err[-2000:]
-    assert len(load_embeddings(out)) == 36 and not (out / ".lock").exists()
+    assert len(load_embeddings(out)) == 8 and not (out / ".lock").exists()
 
 
 def test_resume_rechecks_the_shards(ckpt, mixed, tmp_path, capsys):

@@ -50,6 +50,8 @@ def _inputs(ckpt: Path, names: dict):
         save_file({k: v for k, v in x.items() if v is not None}, names[f"{n}.safetensors"])
 
 
+# ~75 s alone on 2 cores: every README line as written, each a fresh process (make demo ~28 s, make-tiny ~11 s, the
+# torchrun lines two ranks each); nothing here to share between them without running them otherwise than written
 def test_readme_shell_lines_run(placeholders):
     d, names = placeholders
     done = []

@@ -29,6 +29,9 @@ def _parser() -> argparse.ArgumentParser:
     flag("--stored", action="store_true",
          help="check every stored CPU run live against its CSV (report.stored_runs); "
          f"{WRITE_ENV}=1: rewrite them")
+    flag("--quick", action="store_true",
+         help="with --stored: the first layers at TP 1, 2 and 8, against those stored rows "
+         "(report.QUICK_LAYERS, QUICK_TPS)")
     flag("--full",
          help="Qwen3-VL-32B dimensions, 50 layers, on CUDA (default: small_config on CPU)")
     flag("--device", choices=("cuda", "cpu"), default=None,
@@ -57,7 +60,8 @@ def sweep_main(argv=None) -> int:
     ("`[torchrun --nproc_per_node N] python -m qwen3vl_l50_nbdev.analysis sweep [--full] ...`: "
      "the error sweep; rank 0 writes the CSV.")
     a = _parser().parse_args(argv)
-    if a.stored: return stored_runs() and 0
+    if a.quick and not a.stored: raise SystemExit("--quick is a mode of --stored: add --stored")
+    if a.stored: return stored_runs(quick=a.quick) and 0
     kind = a.device or ("cuda" if a.full else "cpu")
     if kind == "cuda" and not torch.cuda.is_available():
         raise SystemExit("no CUDA device: --full needs GPUs (or --device cpu for a dry run)")
