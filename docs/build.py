@@ -58,10 +58,9 @@ def notebooks(nbs=None):
 # produce them). Every notebook in nbs/analysis is in exactly one of the lists (a new one fails the build till then).
 FINDINGS = ("01_tp_size", "02_reduce_precision", "03_fp8", "03a_fp8_bench", "03b_fp8_blocks", "04_speed",
             "05_tp_speed", "06_offload_bench", "07_dataset", "09_startup")
-HARNESS = ("00_weights", "00a_sweep", "00b_report", "00c_runner", "00d_timing", "04a_speed_bench", "04b_roofline_bench",
-           "05a_tp_bench",
-           "05b_tp_report", "05c_tp_comm", "05d_tp_profile", "07a_dataset_bench", "00e_cases", "08_validate_bench",
-           "08a_load_bench", "09a_startup_bench")
+HARNESS = ("00_weights", "00a_sweep", "00b_report", "00c_runner", "00d_timing", "04a_speed_bench",
+           "04b_roofline_bench", "05a_tp_bench", "05b_tp_report", "05c_tp_comm", "05d_tp_profile",
+           "07a_dataset_bench", "00e_cases", "08_validate_bench", "08a_load_bench", "09a_startup_bench")
 
 def sections(nbs=None):
     """The navigation: [(caption, [notebook])], each section in notebook order; the home page (nbs/index.ipynb) is in
