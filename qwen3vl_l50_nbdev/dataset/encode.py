@@ -163,7 +163,9 @@ def encode_dataset(model,                            # checkpoint directory (HF 
     proc = Processor.from_pretrained(model, video=px or None, **px)
     prompts = read_prompts(prompts_file)
     items = scan(prompts, proc, cfg)   # every line checked: before any weight is read
-    settings = job_settings(model, cfg, items, numerics, tp, batch_tokens, dev)
+    # a video's prompt ids depend on the transformers version: the convention is part of the job
+    vp = proc.video_prompt if any(q.videos for q in prompts) else "none"
+    settings = job_settings(model, cfg, items, numerics, tp, batch_tokens, dev, vp)
     job = job_id(settings)
     store = Cache(cache, settings, cfg.text.hidden_size) if cache else None
     batches = plan_batches(items, batch_tokens)
@@ -174,7 +176,9 @@ def encode_dataset(model,                            # checkpoint directory (HF 
         try:
             if state[0] == "new":
                 # to name a line that changes
-                job_file = settings | dict(inputs=[it.hash for it in items])
+                import transformers
+                job_file = settings | dict(transformers=transformers.__version__,
+                                           inputs=[it.hash for it in items])
                 text = json.dumps(job_file, indent=1) + "\n"
                 write_atomic(Path(out) / JOB, lambda t: t.write_text(text))
             # a killed run's half-written shard or file
@@ -261,7 +265,7 @@ def run_provenance(model, settings: dict, dev, world: int, tp: int, s: Summary, 
     import transformers
     base = provenance(dev, git_commit(where=Path(qwen3vl_l50_nbdev.__file__).parent), command)
     kept = ("dtype", "layer", "tp", "reduce", "quant", "fp8_granularity", "fp8_act", "mode",
-            "batch_tokens")
+            "batch_tokens", "video_prompt")
     return dict(checkpoint=str(Path(model).resolve()),
                 checkpoint_fingerprint=settings["checkpoint"],
                 package=qwen3vl_l50_nbdev.__version__, commit=base["commit"],
