@@ -3,12 +3,14 @@ SHELL := /bin/bash
 VENV ?= .venv
 ACT := source $(VENV)/bin/activate
 
-.PHONY: install demo test check-sync lint readme nbtest stored pytest docs clean
+.PHONY: install demo test test-oldest check-sync lint readme nbtest stored pytest docs clean
 
 $(VENV)/.installed: setup.py settings.ini
 	python3 -m venv $(VENV)
 	# torch first and pinned: the CPU wheel; an unpinned torch would pull a multi-GB CUDA build
 	$(ACT) && pip install -q torch==2.13.0 && pip install -q -e ".[dev]"
+	# the newest transformers, as a user's install gets it (an older one already here is upgraded)
+	$(ACT) && pip install -q -U transformers
 	touch $@
 
 install: $(VENV)/.installed
@@ -59,5 +61,24 @@ test: check-sync lint   # the notebooks and the docs site side by side (nbdev_te
 	@$(MAKE) --no-print-directory -j2 --output-sync=target nbtest docs
 	@$(MAKE) --no-print-directory pytest
 
+# The oldest transformers supported (settings.ini's lower bound) over $(VENV)'s packages, which a .pth file adds after
+# its own (site.addsitedir also runs $(VENV)'s .pth files: the editable install): the tests that touch transformers
+OLDEST_TRANSFORMERS := $(shell sed -n 's/^requirements = .*transformers>=\([0-9.]*\).*/\1/p' settings.ini)
+OLDEST := .venv-oldest
+PURELIB := -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])'
+
+$(OLDEST)/.installed: $(VENV)/.installed
+	rm -rf $(OLDEST) && python3 -m venv $(OLDEST)
+	echo "import site; site.addsitedir('$$($(VENV)/bin/python $(PURELIB))')" > "$$($(OLDEST)/bin/python $(PURELIB))/venv.pth"
+	$(OLDEST)/bin/pip install -q transformers==$(OLDEST_TRANSFORMERS)
+	touch $@
+
+test-oldest: $(OLDEST)/.installed   # the processor's ids, the parity and validate's reference under the oldest transformers
+	@$(OLDEST)/bin/python -c 'import transformers as t; from packaging.version import Version as V; \
+	  assert V(t.__version__) == V("$(OLDEST_TRANSFORMERS)"), t.__version__; print("transformers", t.__version__)'
+	$(ONE) $(OLDEST)/bin/python $(VENV)/bin/nbdev_test --n_workers 2 --timing --path nbs \
+	  --file_re '^(08_encoder|11_inputs|11d_hf|14_validate)\.ipynb$$'
+	$(ONE) $(OLDEST)/bin/python -m pytest -q -n 2 tests/test_video_prompt.py
+
 clean:
-	rm -rf $(VENV) docs/_site docs/_build _proc
+	rm -rf $(VENV) $(OLDEST) docs/_site docs/_build _proc

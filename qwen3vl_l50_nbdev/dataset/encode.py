@@ -181,8 +181,10 @@ def encode_dataset(model,                            # checkpoint directory (HF 
     same_on_ranks(dict(prompts=f"{len(prompts)} prompts, file digest "
                        f"{xxhash.xxh3_64_hexdigest(Path(prompts_file).read_bytes())}"), _SAME)
     items = scan(prompts, proc, cfg)   # every line checked: before any weight is read
+    # a video's prompt ids depend on the transformers version: the convention is part of the job
+    vp = proc.video_prompt if any(q.videos for q in prompts) else "none"
     t_fp = time.perf_counter()
-    settings = job_settings(model, cfg, items, numerics, tp, batch_tokens, dev)
+    settings = job_settings(model, cfg, items, numerics, tp, batch_tokens, dev, vp)
     t_fp = time.perf_counter() - t_fp   # the checkpoint's fingerprint, mostly
     # and the same checkpoint's bytes, code and options
     same_on_ranks({k: v for k, v in settings.items() if k not in ("prompts", "count")}, _SAME)
@@ -196,7 +198,9 @@ def encode_dataset(model,                            # checkpoint directory (HF 
         try:
             if state[0] == "new":
                 # to name a line that changes
-                job_file = settings | dict(inputs=[it.hash for it in items])
+                import transformers
+                job_file = settings | dict(transformers=transformers.__version__,
+                                           inputs=[it.hash for it in items])
                 text = json.dumps(job_file, indent=1) + "\n"
                 write_atomic(Path(out) / JOB, lambda t: t.write_text(text))
             # a killed run's half-written shard or file
@@ -290,7 +294,7 @@ def run_provenance(model, settings: dict, dev, world: int, tp: int, s: Summary, 
     import transformers
     base = provenance(dev, git_commit(where=Path(qwen3vl_l50_nbdev.__file__).parent), command)
     kept = ("dtype", "layer", "tp", "reduce", "quant", "fp8_granularity", "fp8_act", "mode",
-            "batch_tokens")
+            "batch_tokens", "video_prompt")
     return dict(checkpoint=str(Path(model).resolve()),
                 checkpoint_fingerprint=settings["checkpoint"],
                 package=qwen3vl_l50_nbdev.__version__, commit=base["commit"],

@@ -30,6 +30,7 @@ from ..provenance import code_identity
 from ..files import write_out, write_atomic, file_digest
 from ..settings import Numerics
 from .plan import Item
+from ..inputs.processor import VIDEO_PROMPTS
 
 # %% ../../nbs/15b_dataset_job.ipynb #d15346ad
 JOB = "job.json"
@@ -47,7 +48,8 @@ def prompts_digest(items: list[Item]) -> str:
 
 # %% ../../nbs/15b_dataset_job.ipynb #1e12f0da
 def job_settings(model, cfg: EncoderConfig, items: list[Item], numerics: Numerics = Numerics(),
-                 tp: int = 1, batch_tokens: int = 8192, device: str = "cpu") -> dict:
+                 tp: int = 1, batch_tokens: int = 8192, device: str = "cpu",
+                 video_prompt: str = "none") -> dict:
     ("What fixes the job's bits (not the replicas): the weights' content, code, numerics and "
      "prompts; `job.json`.")
     n, fp8 = numerics, numerics.quant == "fp8"
@@ -57,7 +59,7 @@ def job_settings(model, cfg: EncoderConfig, items: list[Item], numerics: Numeric
                 fp8_granularity=n.fp8_granularity if fp8 else "none",
                 fp8_act=n.fp8_act if fp8 else "none",
                 mode=n.mode, batch_tokens=batch_tokens, device=torch.device(device).type,
-                prompts=prompts_digest(items), count=len(items))
+                prompts=prompts_digest(items), count=len(items), video_prompt=video_prompt)
 
 # %% ../../nbs/15b_dataset_job.ipynb #4a43741d
 def job_id(settings: dict) -> str:
@@ -137,6 +139,13 @@ def _check_job(p: Path, settings: dict, overwrite: bool, keep: set, lines) -> st
         raise ValueError(f"--out {p}/{JOB} cannot be read ({e}): --overwrite to start the job "
                          "again") from None
     inputs = was.pop("inputs", None)   # the job's input hashes, in file order
+    made = was.pop("transformers", None)   # the version that began it: not a setting
+    vp = (was.get("video_prompt"), settings.get("video_prompt"))
+    if vp[0] != vp[1] and set(vp) <= set(VIDEO_PROMPTS):
+        raise ValueError(f"--out {p} was begun under transformers {made}, whose videos are "
+                         f"{vp[0]!r} prompts; this transformers writes {vp[1]!r}: to resume it, "
+                         f"install a transformers that writes {VIDEO_PROMPTS[vp[0]]}, or name "
+                         "another --out, or --overwrite to start it again")
     if diff := differences(was, settings):
         edited = was.get("prompts") != settings.get("prompts")
         if lines is not None and inputs is not None and edited:
