@@ -11,7 +11,6 @@ import os
 import tempfile
 import time
 from pathlib import Path
-import xxhash
 
 # %% ../nbs/01a_files.ipynb #8fc5f466
 def path_exists(f: Path) -> bool:
@@ -126,6 +125,7 @@ _seen: dict = {}   # this process's digests, by file identity
 def file_digest(path, chunk: int = 1 << 24) -> str:
     ("XXH3-128 (hex) of every byte of the file `path`, remembered under its identity (path, size, "
      "inode, device, mtime, ctime; `digest_cache`): an unchanged file is not read again.")
+    import xxhash   # here: a command without it says so in one line (the CLI's missing_package)
     p = os.path.realpath(path)
     st = os.stat(p)
     key = xxhash.xxh3_128(f"{p}\0{st.st_size}\0{st.st_ino}\0{st.st_dev}\0{st.st_mtime_ns}\0"

@@ -325,14 +325,15 @@ def test_resume_rechecks_the_shards(ckpt, mixed, tmp_path, capsys):
     ("A partial DIR whose shards are damaged (bytes changed), truncated or another job's (fast mode): each is found "
      "at the start of the resume, named, encoded again: `encode`'s bits. Other code or weights there: refused.")
     out, fast = tmp_path / "o", tmp_path / "f"
-    _partial(ckpt, mixed, out)
-    _partial(ckpt, mixed, fast, "--mode", "fast")
+    one = ("--batch-tokens", 1)   # a prompt a batch: the 4 shards below exist whatever the random lengths
+    _partial(ckpt, mixed, out, *one)
+    _partial(ckpt, mixed, fast, "--mode", "fast", *one)
     s = [out / f"shard-0000{k}.safetensors" for k in range(4)]
     b = bytearray(s[1].read_bytes()); b[-100:-36] = bytes(x ^ 0x5A for x in b[-100:-36]); s[1].write_bytes(b)
     s[2].write_bytes(s[2].read_bytes()[:1000])
     s[3].write_bytes((fast / s[3].name).read_bytes())
     capsys.readouterr()
-    assert main(args(ckpt, mixed, out, "--batch-tokens", 200)) == 0
+    assert main(args(ckpt, mixed, out, *one)) == 0
     err = capsys.readouterr().err
     for p, why in zip(s[1:], ("damaged", "cannot be read", "written by another job")):
         assert f"{p}: {why}" in err and "encoded again" in err, err
@@ -340,7 +341,7 @@ def test_resume_rechecks_the_shards(ckpt, mixed, tmp_path, capsys):
     (out / MANIFEST).unlink()
     job = json.loads((out / "job.json").read_text())
     (out / "job.json").write_text(json.dumps(job | dict(code="0123abc+dirty-feedbeef")))   # another code's job
-    assert main(args(ckpt, mixed, out, "--batch-tokens", 200)) == 2
+    assert main(args(ckpt, mixed, out, *one)) == 2
     assert "code '0123abc+dirty-feedbeef' there" in capsys.readouterr().err
 
 

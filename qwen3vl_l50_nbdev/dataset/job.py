@@ -171,7 +171,9 @@ def _lost_job(p: Path, settings: dict, overwrite: bool, lines) -> str:
      "job's (`settings`), so it resumes or finishes; else `ValueError` (or, `overwrite`, removed).")
     jobs = _written_by(p)
     if jobs == {job_id(settings)}:
-        job = settings | ({} if lines is None else dict(inputs=[h for _, h in lines]))
+        import transformers   # as a new job's job.json has it (its convention is in `settings`)
+        job = (settings | dict(transformers=transformers.__version__)
+               | ({} if lines is None else dict(inputs=[h for _, h in lines])))
         write_atomic(p / JOB, lambda t: t.write_text(json.dumps(job, indent=1) + "\n"))
         print(f"encode-dataset: {p / JOB} was missing: rebuilt, its shards and manifest are this "
               "job's", file=sys.stderr)
