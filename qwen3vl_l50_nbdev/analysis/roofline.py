@@ -73,9 +73,10 @@ class Roofline:
         gemm = decoder_gemm_flops(self.cfg, tokens)
         rest = decoder_flops(self.cfg, tokens) - gemm + (vision_flops(self.cfg, patches)
                                                          if patches else 0)
-        compute = (gemm / (self.fp8_tflops if fp8 else self.bf16_tflops) + rest / self.bf16_tflops)
-        read = (self.fp8_bytes if fp8 else self.bf16_bytes) / self.gbps / 1e3
-        return max(compute / 1e9, read / 1e3)
+        flops_ms = (gemm / (self.fp8_tflops if fp8 else self.bf16_tflops)
+                    + rest / self.bf16_tflops) / 1e9
+        read_ms = (self.fp8_bytes if fp8 else self.bf16_bytes) / self.gbps / 1e6
+        return max(flops_ms, read_ms)
 
 # %% ../../nbs/analysis/04b_roofline_bench.ipynb #f1f33546
 LENGTHS = (16, 23, 37, 64, 65, 90, 150, 230, 333, 480, 512, 513, 700, 1100, 1700, 2600, 3700, 4500,
